@@ -1,0 +1,257 @@
+"""Structured schema for the composed config (dataclasses in Hydra's ConfigStore).
+
+Hydra checks types and unknown keys while composing; `validate` then checks values
+(positive counts, known enum values) and reports the first bad key on one line.
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from distlab.errors import ConfigError
+
+# --------------------------------------------------------------------------- groups
+
+
+@dataclass
+class StrategyConfig:
+    name: str = MISSING  # default | one_device | mirrored | multi_worker_mirrored
+    cpu_devices: int | None = None  # split the host CPU into N logical devices (no GPUs)
+    device: str | None = None  # one_device: e.g. "/gpu:0"; null: first GPU, else CPU
+    communication: str = "auto"  # multi-worker collectives: auto | ring | nccl
+    cluster_resolver: str = "tf_config"  # multi-worker: tf_config | slurm
+    connect_timeout_s: float = 120.0  # multi-worker: give up if the cluster does not form
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING  # a tfds name
+    train_split: str = "train"
+    test_split: str = "test"
+    batch_size_per_replica: int = 64
+    shuffle_buffer: int = 10000
+    cache: bool = True
+    data_dir: str | None = None  # null: tfds' default, which honours TFDS_DATA_DIR
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # registry name of the builder
+    conv_filters: list[int] = field(default_factory=lambda: [32])
+    kernel_size: int = 3
+    dense_units: list[int] = field(default_factory=lambda: [64])
+    output_activation: str | None = None  # null: logits; "softmax": probabilities
+    l2: float = 0.0
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = MISSING
+    learning_rate: float = 1e-3
+    lr_scaling: str = "none"  # none | linear | sqrt (by global batch / base_batch_size)
+    base_batch_size: int = 64
+    clipnorm: float | None = None
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
+    name: str = "adam"
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    amsgrad: bool = False
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
+    name: str = "sgd"
+    learning_rate: float = 0.01
+    momentum: float = 0.0
+    nesterov: bool = False
+
+
+@dataclass
+class RMSpropConfig(OptimizerConfig):
+    name: str = "rmsprop"
+    rho: float = 0.9
+    momentum: float = 0.0
+    epsilon: float = 1e-7
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = MISSING
+    warmup_epochs: float = 0.0  # linear warmup from 0 to the schedule's value
+
+
+@dataclass
+class ConstantScheduleConfig(ScheduleConfig):
+    name: str = "constant"
+
+
+@dataclass
+class StepDecayConfig(ScheduleConfig):
+    name: str = "step_decay"
+    boundaries: list[int] = field(default_factory=lambda: [3, 7])  # epochs (0-based)
+    factors: list[float] = field(default_factory=lambda: [1.0, 0.1, 0.01])  # x learning_rate
+
+
+@dataclass
+class CosineScheduleConfig(ScheduleConfig):
+    name: str = "cosine"
+    decay_epochs: float | None = None  # null: trainer.epochs
+    alpha: float = 0.0  # final fraction of the learning rate
+
+
+@dataclass
+class ExponentialScheduleConfig(ScheduleConfig):
+    name: str = "exponential"
+    decay_rate: float = 0.9
+    decay_epochs: float = 1.0
+    staircase: bool = False
+
+
+@dataclass
+class LoopConfig:
+    name: str = MISSING
+    verbose: int = 1  # 0 silent, 1 progress bar, 2 one line per epoch
+    jit_compile: bool = False
+
+
+@dataclass
+class KerasFitLoopConfig(LoopConfig):
+    name: str = "keras_fit"
+    steps_per_execution: int = 1
+
+
+@dataclass
+class CustomLoopConfig(LoopConfig):
+    name: str = "custom"
+    steps_per_loop: int = 1
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 12
+    steps_per_epoch: int | None = None  # null: one full pass over the train split
+    validate_every: int = 1  # epochs between test-split passes during training; 0: never
+    checkpoint_every: int = 1  # epochs
+    max_checkpoints: int = 3
+    export: bool = True  # SavedModel to saved_model/, reloaded and checked
+
+
+@dataclass
+class Config:
+    strategy: Any = MISSING
+    dataset: Any = MISSING
+    model: Any = MISSING
+    optimizer: Any = MISSING
+    schedule: Any = MISSING
+    loop: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 42
+    deterministic: bool = False
+    mode: str = "train"  # train | evaluate
+    ckpt_path: str | None = None
+    objective: str = "test_accuracy"  # the results.json field run.py returns to sweepers
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore (YAML files extend them via `defaults`)."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, name, node in [
+        ("strategy", "strategy_schema", StrategyConfig),
+        ("dataset", "dataset_schema", DatasetConfig),
+        ("model", "model_schema", ModelConfig),
+        ("optimizer", "adam_schema", AdamConfig),
+        ("optimizer", "sgd_schema", SGDConfig),
+        ("optimizer", "rmsprop_schema", RMSpropConfig),
+        ("schedule", "constant_schema", ConstantScheduleConfig),
+        ("schedule", "step_decay_schema", StepDecayConfig),
+        ("schedule", "cosine_schema", CosineScheduleConfig),
+        ("schedule", "exponential_schema", ExponentialScheduleConfig),
+        ("loop", "keras_fit_schema", KerasFitLoopConfig),
+        ("loop", "custom_schema", CustomLoopConfig),
+    ]:
+        cs.store(group=group, name=name, node=node)
+
+
+# --------------------------------------------------------------------------- values
+
+Check = tuple[str, Callable[[Any], bool], str]
+
+_POSITIVE = (lambda v: v > 0, "must be > 0")
+_NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
+
+CHECKS: list[Check] = [
+    ("trainer.epochs", *_POSITIVE),
+    ("trainer.steps_per_epoch", *_POSITIVE),
+    ("trainer.validate_every", *_NON_NEGATIVE),
+    ("trainer.checkpoint_every", *_POSITIVE),
+    ("trainer.max_checkpoints", *_POSITIVE),
+    ("dataset.batch_size_per_replica", *_POSITIVE),
+    ("dataset.shuffle_buffer", *_NON_NEGATIVE),
+    ("strategy.cpu_devices", *_POSITIVE),
+    ("strategy.connect_timeout_s", *_POSITIVE),
+    ("strategy.communication", lambda v: v in ("auto", "ring", "nccl"),
+     "must be one of auto, ring, nccl"),
+    ("strategy.cluster_resolver", lambda v: v in ("tf_config", "slurm"),
+     "must be one of tf_config, slurm"),
+    ("model.kernel_size", *_POSITIVE),
+    ("model.conv_filters", lambda v: all(x > 0 for x in v), "entries must be > 0"),
+    ("model.dense_units", lambda v: all(x > 0 for x in v), "entries must be > 0"),
+    ("model.l2", *_NON_NEGATIVE),
+    ("model.output_activation", lambda v: v in ("softmax",), "must be null or softmax"),
+    ("optimizer.learning_rate", lambda v: v > 0 and math.isfinite(v), "must be finite and > 0"),
+    ("optimizer.lr_scaling", lambda v: v in ("none", "linear", "sqrt"),
+     "must be one of none, linear, sqrt"),
+    ("optimizer.base_batch_size", *_POSITIVE),
+    ("optimizer.clipnorm", *_POSITIVE),
+    ("optimizer.momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("optimizer.epsilon", *_POSITIVE),
+    ("schedule.warmup_epochs", *_NON_NEGATIVE),
+    ("schedule.decay_epochs", *_POSITIVE),
+    ("schedule.decay_rate", *_POSITIVE),
+    ("schedule.alpha", lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    ("schedule.boundaries", lambda v: list(v) == sorted(set(v)) and all(b > 0 for b in v),
+     "must be strictly increasing epochs > 0"),
+    ("schedule.factors", lambda v: all(f > 0 for f in v), "entries must be > 0"),
+    ("loop.steps_per_execution", *_POSITIVE),
+    ("loop.steps_per_loop", *_POSITIVE),
+    ("loop.verbose", lambda v: v in (0, 1, 2), "must be 0, 1 or 2"),
+    ("mode", lambda v: v in ("train", "evaluate"), "must be train or evaluate"),
+    ("objective", lambda v: bool(v), "must name a results.json field"),
+]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the first impossible value. Never imports TensorFlow."""
+    for key, ok, why in CHECKS:
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None:
+            continue
+        if not ok(value):
+            raise ConfigError(f"{key}={_show(value)} is invalid: {why}")
+    boundaries = OmegaConf.select(cfg, "schedule.boundaries", default=None)
+    factors = OmegaConf.select(cfg, "schedule.factors", default=None)
+    if boundaries is not None and factors is not None and len(factors) != len(boundaries) + 1:
+        raise ConfigError(
+            f"schedule.factors has {len(factors)} entries but schedule.boundaries has "
+            f"{len(boundaries)}: give one factor more than boundaries"
+        )
+    if cfg.mode == "evaluate" and not cfg.ckpt_path:
+        raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+
+
+def _show(value: Any) -> str:
+    if OmegaConf.is_config(value):
+        return str(OmegaConf.to_container(value))
+    return repr(value) if isinstance(value, str) else str(value)

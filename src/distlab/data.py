@@ -1,0 +1,194 @@
+"""tfds input pipelines, batched by the global batch.
+
+The train stream is built per epoch: epoch e is shuffled with a seed derived from
+(seed, e) only, so the data order of an epoch never depends on how many epochs this
+process has already run (resume gives the same batches as an uninterrupted run).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from omegaconf import DictConfig
+
+from distlab.errors import DistlabError
+
+log = logging.getLogger(__name__)
+AUTOTUNE = tf.data.AUTOTUNE
+PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Data:
+    """Everything a loop needs from the dataset."""
+
+    name: str
+    train: tf.data.Dataset  # scaled (and cached) examples, unbatched
+    test: tf.data.Dataset  # batched by the global batch, cached, prefetched
+    num_train: int
+    num_test: int
+    input_shape: tuple[int, ...]
+    num_classes: int
+    global_batch_size: int
+    steps_per_epoch: int
+    shuffle_buffer: int
+    seed: int
+
+    @property
+    def full_pass(self) -> bool:
+        """Whether an epoch is exactly one pass over the train split."""
+        return self.steps_per_epoch == math.ceil(self.num_train / self.global_batch_size)
+
+    @property
+    def examples_per_epoch(self) -> int:
+        if self.full_pass:
+            return self.num_train
+        return self.steps_per_epoch * self.global_batch_size
+
+    @property
+    def test_steps(self) -> int:
+        return math.ceil(self.num_test / self.global_batch_size)
+
+    def train_epochs(self, first_epoch: int, end_epoch: int,
+                     skip_steps: int = 0) -> tf.data.Dataset:
+        """Epochs [first_epoch, end_epoch) back to back, each exactly steps_per_epoch batches.
+
+        `skip_steps` drops the first batches of `first_epoch` (resuming mid-epoch).
+        """
+        base, buffer, seed = self.train, self.shuffle_buffer, self.seed
+        gb, steps, full_pass = self.global_batch_size, self.steps_per_epoch, self.full_pass
+
+        def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
+            ds = base
+            if buffer > 0:
+                ds = ds.shuffle(buffer, seed=seed * 1_000_003 + epoch,
+                                reshuffle_each_iteration=True)
+            ds = ds.batch(gb)
+            if not full_pass:
+                ds = ds.repeat().take(steps)
+            return ds
+
+        epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
+        if skip_steps:
+            epochs = epochs.skip(skip_steps)
+        return epochs.prefetch(AUTOTUNE)
+
+
+def _scale(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.cast(image, tf.float32) / 255.0, label
+
+
+def resolve_data_dir(data_dir: str | None) -> str | None:
+    """`dataset.data_dir`, checked; null keeps tfds' default (TFDS_DATA_DIR, else
+    ~/tensorflow_datasets)."""
+    if data_dir is None:
+        return None
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise DistlabError(
+            f"dataset.data_dir={data_dir!r} is not a directory: point it at a tfds data "
+            "directory (one holding <name>/<version>/), or set it to null to use TFDS_DATA_DIR"
+        )
+    return str(path.resolve())
+
+
+def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        raise DistlabError(
+            f"dataset.name={name!r} is not a tensorflow-datasets dataset: use a tfds name such "
+            "as mnist or fashion_mnist (see tfds.list_builders())"
+        ) from None
+
+
+def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:
+    """The first download host that does not answer within PROBE_TIMEOUT_S, if any."""
+    urls = list(getattr(builder, "url_infos", None) or {}) or [builder.info.homepage or ""]
+    hosts = {(u.hostname, u.port or (80 if u.scheme == "http" else 443))
+             for u in map(urlparse, urls) if u.hostname}
+    for host, port in sorted(hosts):
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+        except OSError:
+            return host
+    return None
+
+
+def ensure_prepared(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    """The dataset's builder, prepared; fail fast (not tfds' multi-minute hang) when offline."""
+    builder = _builder(name, data_dir)
+    if builder.is_prepared():
+        return builder
+    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets (tfds default)"
+    host = _unreachable_host(builder)
+    if host is not None:
+        raise DistlabError(
+            f"dataset {name!r} is not prepared in data_dir {where} and its download host {host} "
+            f"is unreachable (offline?). Provide the prepared data: set TFDS_DATA_DIR or "
+            f"dataset.data_dir to a directory holding {name}/<version>/ (for example "
+            f"../shared/tensorflow_datasets), or run once with network access."
+        )
+    log.info("downloading and preparing %s into %s", name, where)
+    builder.download_and_prepare()
+    return builder
+
+
+def _num_examples(info: tfds.core.DatasetInfo, split: str, ds: tf.data.Dataset) -> int:
+    try:
+        n = info.splits[split].num_examples
+        if n:
+            return int(n)
+    except (KeyError, ValueError, TypeError):
+        pass
+    n = int(ds.cardinality())
+    if n >= 0:
+        return n
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+
+
+def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
+    """Load `cfg` (the dataset node) for `num_replicas` replicas."""
+    data_dir = resolve_data_dir(cfg.data_dir)
+    builder = ensure_prepared(cfg.name, data_dir)
+    try:
+        train, test = builder.as_dataset(
+            split=[cfg.train_split, cfg.test_split], as_supervised=True, shuffle_files=False
+        )
+    except (ValueError, KeyError) as e:
+        raise DistlabError(
+            f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r} "
+            f"not available for {cfg.name}: {e}"
+        ) from None
+    info = builder.info
+    num_train = _num_examples(info, cfg.train_split, train)
+    num_test = _num_examples(info, cfg.test_split, test)
+    gb = cfg.batch_size_per_replica * num_replicas
+
+    train = train.map(_scale, num_parallel_calls=AUTOTUNE)
+    test = test.map(_scale, num_parallel_calls=AUTOTUNE)
+    if cfg.cache:
+        train, test = train.cache(), test.cache()
+    image, label = info.features["image"], info.features["label"]
+    steps = steps_per_epoch or math.ceil(num_train / gb)
+    return Data(
+        name=cfg.name,
+        train=train,
+        test=test.batch(gb).prefetch(AUTOTUNE),
+        num_train=num_train,
+        num_test=num_test,
+        input_shape=tuple(image.shape),
+        num_classes=int(label.num_classes),
+        global_batch_size=gb,
+        steps_per_epoch=steps,
+        shuffle_buffer=cfg.shuffle_buffer,
+        seed=seed,
+    )

@@ -1,0 +1,145 @@
+"""What both loops share: the built experiment and the per-epoch controller.
+
+A loop (the Trainer) owns the step functions; the Controller owns everything that
+happens between epochs (history row, TensorBoard scalars the loop does not write
+itself, checkpoint cadence, the one-line epoch summary), so both loops produce the
+same run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from distlab.data import Data
+from distlab.errors import DistlabError
+from distlab.run_dir import RunDir
+
+log = logging.getLogger("distlab")
+
+
+@dataclass
+class Experiment:
+    """The built pieces of one run (the Task, plus where it writes)."""
+
+    cfg: DictConfig
+    strategy: tf.distribute.Strategy
+    data: Data
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    schedule: Any  # keras LearningRateSchedule, shared by both loops
+    from_logits: bool
+    run_dir: RunDir
+    checkpoint: tf.train.Checkpoint
+    manager: tf.train.CheckpointManager
+    epoch: tf.Variable  # epochs completed, saved in every checkpoint
+    started: float = field(default_factory=time.time)
+
+    def learning_rate_at_epoch(self, epoch: int) -> float:
+        """The learning rate of the first step of `epoch` (0-based)."""
+        return float(self.schedule(epoch * self.data.steps_per_epoch))
+
+
+class NonFiniteLoss(DistlabError):
+    """Training produced a NaN or Inf loss."""
+
+
+class Controller:
+    """Per-epoch bookkeeping shared by `keras_fit` and `custom`."""
+
+    def __init__(self, exp: Experiment, write_scalars: bool) -> None:
+        self.exp = exp
+        self.epochs: list[dict[str, Any]] = []
+        self.first_step_at: float | None = None
+        self._writers = None
+        if write_scalars:  # keras_fit gets these from keras.callbacks.TensorBoard
+            logs = exp.run_dir.logs
+            self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
+                             "validation": tf.summary.create_file_writer(str(logs / "validation"))}
+
+    def first_step_done(self) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.time()
+            log.info("time to first step: %.1f s", self.first_step_at - self.exp.started)
+
+    def epoch_end(self, epoch: int, metrics: dict[str, float], epoch_seconds: float,
+                  train_seconds: float) -> dict[str, Any]:
+        """Record epoch `epoch` (0-based): history row, scalars, checkpoint, summary line."""
+        exp = self.exp
+        loss = metrics.get("loss")
+        if loss is not None and not math.isfinite(loss):
+            raise NonFiniteLoss(
+                f"non-finite loss ({loss}) in epoch {epoch + 1}: training stopped and no "
+                "checkpoint was written for it; lower optimizer.learning_rate or add "
+                "optimizer.clipnorm"
+            )
+        row = {
+            "epoch": epoch + 1,
+            "learning_rate": exp.learning_rate_at_epoch(epoch),
+            "loss": loss,
+            "accuracy": metrics.get("accuracy"),
+            "val_loss": metrics.get("val_loss"),
+            "val_accuracy": metrics.get("val_accuracy"),
+            "seconds": epoch_seconds,
+            "examples_per_sec": exp.data.examples_per_epoch / max(train_seconds, 1e-9),
+            "train_seconds": train_seconds,
+        }
+        self.epochs.append(row)
+        exp.run_dir.append_history(row)
+        if self._writers:
+            self._write_scalars(epoch, row)
+        exp.epoch.assign(epoch + 1)
+        last = epoch + 1 == exp.cfg.trainer.epochs
+        if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last:
+            path = exp.manager.save(checkpoint_number=epoch + 1)
+            log.debug("checkpoint %s", path)
+        log.info(_summary_line(row, exp.cfg.trainer.epochs))
+        return row
+
+    def _write_scalars(self, epoch: int, row: dict[str, Any]) -> None:
+        with self._writers["train"].as_default(step=epoch):
+            for key in ("loss", "accuracy", "learning_rate", "examples_per_sec"):
+                tf.summary.scalar(f"epoch_{key}", row[key])
+        if row["val_loss"] is not None:
+            with self._writers["validation"].as_default(step=epoch):
+                tf.summary.scalar("epoch_loss", row["val_loss"])
+                tf.summary.scalar("epoch_accuracy", row["val_accuracy"])
+        for writer in self._writers.values():
+            writer.flush()
+
+    def train_examples_per_sec(self) -> float | None:
+        seconds = sum(r["train_seconds"] for r in self.epochs)
+        return self.exp.data.examples_per_epoch * len(self.epochs) / seconds if seconds else None
+
+
+def _summary_line(row: dict[str, Any], epochs: int) -> str:
+    parts = [f"epoch {row['epoch']}/{epochs}", f"learning_rate {row['learning_rate']:.3g}",
+             f"loss {row['loss']:.4f}", f"accuracy {row['accuracy']:.4f}"]
+    if row["val_loss"] is not None:
+        parts += [f"val_loss {row['val_loss']:.4f}", f"val_accuracy {row['val_accuracy']:.4f}"]
+    parts += [f"{row['seconds']:.1f}s", f"{row['examples_per_sec']:.0f} examples/sec"]
+    return " - ".join(parts)
+
+
+class Loop:
+    """Interface of a training loop (the Trainer). Subclasses register in LOOPS."""
+
+    writes_scalars = True  # False when the loop's own TensorBoard callback writes them
+
+    def __init__(self, exp: Experiment) -> None:
+        self.exp = exp
+        self.controller = Controller(exp, write_scalars=self.writes_scalars)
+
+    def train(self, initial_epoch: int) -> None:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        """{"test_loss", "test_accuracy"} on the test split under the current strategy."""
+        raise NotImplementedError

@@ -1,0 +1,112 @@
+"""`loop=custom`: a hand-written tf.distribute training loop.
+
+Each replica computes the per-example loss, sums it and divides by the *global* batch
+(`tf.nn.compute_average_loss`); the optimizer all-reduces (sums) the gradients. So
+the update equals single-device training on the global batch, and nothing divides by
+the replica count a second time. `loop.steps_per_loop` steps run inside one
+`tf.function` (a `tf.range` loop with a tensor count, as orbit does); the last,
+shorter loop of an epoch reuses the same trace.
+"""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import tensorflow as tf
+
+from distlab.loops.base import Loop
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+class CustomLoop(Loop):
+    def __init__(self, exp) -> None:
+        super().__init__(exp)
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=exp.from_logits, reduction=None
+        )
+        if exp.cfg.loop.jit_compile:  # XLA per replica step; strategy.run stays outside it
+            self._train_step = tf.function(self._train_step, jit_compile=True)
+            self._test_step = tf.function(self._test_step, jit_compile=True)
+        self._train_n = tf.function(self._train_n_steps)
+        self._eval_all = tf.function(self._eval_dataset)
+
+    # ---- replica functions: return (sum of per-example loss, correct, count)
+    def _batch_stats(self, labels, predictions, per_example_loss):
+        correct = tf.equal(tf.argmax(predictions, axis=-1, output_type=labels.dtype), labels)
+        return (tf.reduce_sum(per_example_loss), tf.reduce_sum(tf.cast(correct, tf.float32)),
+                tf.cast(tf.size(labels), tf.float32))
+
+    def _train_step(self, images, labels):
+        model, exp = self.exp.model, self.exp
+        with tf.GradientTape() as tape:
+            predictions = model(images, training=True)
+            per_example_loss = self.loss_fn(labels, predictions)
+            loss = tf.nn.compute_average_loss(
+                per_example_loss, global_batch_size=exp.data.global_batch_size
+            )
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        grads = tape.gradient(loss, model.trainable_variables)
+        exp.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return self._batch_stats(labels, predictions, per_example_loss)
+
+    def _test_step(self, images, labels):
+        predictions = self.exp.model(images, training=False)
+        return self._batch_stats(labels, predictions, self.loss_fn(labels, predictions))
+
+    # ---- cross-replica functions
+    def _reduce(self, per_replica) -> tf.Tensor:
+        strategy = self.exp.strategy
+        return tf.stack([strategy.reduce(SUM, v, axis=None) for v in per_replica])
+
+    def _train_n_steps(self, iterator, n):
+        totals = tf.zeros([3])
+        for _ in tf.range(n):
+            images, labels = next(iterator)
+            totals += self._reduce(self.exp.strategy.run(self._train_step, args=(images, labels)))
+        return totals
+
+    def _eval_dataset(self, dist_dataset):
+        totals = tf.zeros([3])
+        for images, labels in dist_dataset:
+            totals += self._reduce(self.exp.strategy.run(self._test_step, args=(images, labels)))
+        return totals
+
+    # ---- the loop
+    def train(self, initial_epoch: int) -> None:
+        exp, trainer = self.exp, self.exp.cfg.trainer
+        steps, per_call = exp.data.steps_per_epoch, exp.cfg.loop.steps_per_loop
+        dist = exp.strategy.experimental_distribute_dataset(
+            exp.data.train_epochs(initial_epoch, trainer.epochs)
+        )
+        iterator = iter(dist)
+        verbose = exp.cfg.loop.verbose
+        for epoch in range(initial_epoch, trainer.epochs):
+            if verbose:
+                print(f"Epoch {epoch + 1}/{trainer.epochs}", flush=True)
+            bar = keras.utils.Progbar(steps, verbose=verbose,
+                                      stateful_metrics=["loss", "accuracy", "examples/sec"])
+            start = time.time()
+            totals, done = tf.zeros([3]), 0
+            while done < steps:
+                n = min(per_call, steps - done)
+                totals += self._train_n(iterator, tf.constant(n, tf.int64))
+                done += n
+                self.controller.first_step_done()
+                loss_sum, correct, count = totals.numpy()
+                bar.update(done, [("loss", loss_sum / count), ("accuracy", correct / count),
+                                  ("examples/sec", count / (time.time() - start))])
+            train_seconds = time.time() - start
+            loss_sum, correct, count = totals.numpy()
+            metrics = {"loss": float(loss_sum / count), "accuracy": float(correct / count)}
+            if trainer.validate_every and (epoch + 1) % trainer.validate_every == 0:
+                test = self.evaluate()
+                metrics.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
+            self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds)
+
+    def evaluate(self) -> dict[str, float]:
+        dist = self.exp.strategy.experimental_distribute_dataset(self.exp.data.test)
+        loss_sum, correct, count = self._eval_all(dist).numpy()
+        return {"test_loss": float(loss_sum / count), "test_accuracy": float(correct / count)}

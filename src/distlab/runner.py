@@ -1,0 +1,155 @@
+"""Build an experiment from the composed config and train or evaluate it.
+
+Imports TensorFlow; `distlab.run` imports this module only after validating the config.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from distlab import data as data_lib
+from distlab import models, optimizers, schedules, strategies
+from distlab.errors import DistlabError
+from distlab.loops import LOOPS
+from distlab.loops.base import Experiment
+from distlab.run_dir import RunDir, find_checkpoint
+
+log = logging.getLogger("distlab")
+EXPORT_ATOL = 1e-4
+for _noisy in ("absl", "tensorflow"):  # tfds file listings, per-trace all-reduce notes
+    logging.getLogger(_noisy).setLevel(logging.WARNING)
+
+
+def reset_state(seed: int, deterministic: bool) -> None:
+    """Fresh Keras state and seeds, so in-process sweep jobs do not leak into each other."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    if deterministic:
+        tf.config.experimental.enable_op_determinism()
+
+
+def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy,
+                     started: float) -> Experiment:
+    data = data_lib.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
+                         cfg.trainer.steps_per_epoch)
+    lr = learning_rate(cfg, data.global_batch_size)
+    with strategy.scope():
+        model = models.build(cfg.model, data.input_shape, data.num_classes)
+        schedule = schedules.build(cfg.schedule, lr, data.steps_per_epoch, cfg.trainer.epochs)
+        optimizer = optimizers.build(cfg.optimizer, schedule)
+        # Build the slots now, inside the scope: a custom loop must not create them while
+        # tracing, and restoring a checkpoint needs them to exist.
+        optimizer.build(model.trainable_variables)
+    epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+    manager = tf.train.CheckpointManager(checkpoint, str(run_dir.checkpoints),
+                                         max_to_keep=cfg.trainer.max_checkpoints)
+    return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
+                      schedule=schedule, from_logits=models.from_logits(cfg.model),
+                      run_dir=run_dir, checkpoint=checkpoint, manager=manager, epoch=epoch,
+                      started=started)
+
+
+def learning_rate(cfg: DictConfig, global_batch_size: int) -> float:
+    opt = cfg.optimizer
+    return optimizers.scaled_learning_rate(opt.learning_rate, opt.lr_scaling, global_batch_size,
+                                           opt.base_batch_size)
+
+
+def execute(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any]:
+    """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json."""
+    started = time.time()
+    strategies.configure_devices(cfg.strategy)  # before any TensorFlow op
+    reset_state(cfg.seed, cfg.deterministic)
+    strategy = strategies.build(cfg.strategy)
+    exp = build_experiment(cfg, run_dir, strategy, started)
+    if cfg.mode == "evaluate":
+        return _evaluate(exp)
+    return _train(exp)
+
+
+def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
+    cfg, data = exp.cfg, exp.data
+    return {
+        "status": "completed",
+        "mode": cfg.mode,
+        "loop": cfg.loop.name,
+        "strategy": type(exp.strategy).__name__,
+        "num_replicas": exp.strategy.num_replicas_in_sync,
+        "batch_size_per_replica": cfg.dataset.batch_size_per_replica,
+        "global_batch_size": data.global_batch_size,
+        "learning_rate": learning_rate(cfg, data.global_batch_size),
+        "dataset": data.name,
+        "steps_per_epoch": data.steps_per_epoch,
+        "epochs_completed": int(exp.epoch.numpy()),
+        **extra,
+        "wall_time_s": time.time() - exp.started,
+    }
+
+
+def _train(exp: Experiment) -> dict[str, Any]:
+    loop = LOOPS.get(exp.cfg.loop.name)(exp)
+    loop.train(initial_epoch=0)
+    test = loop.evaluate()
+    log.info("test_loss %.4f - test_accuracy %.4f", test["test_loss"], test["test_accuracy"])
+    export = export_and_check(exp) if exp.cfg.trainer.export else {}
+    first = loop.controller.first_step_at
+    return _results(
+        exp, **test,
+        train_examples_per_sec=loop.controller.train_examples_per_sec(),
+        time_to_first_step_s=(first - exp.started) if first else None,
+        checkpoint=exp.manager.latest_checkpoint,
+        **export,
+    )
+
+
+def _evaluate(exp: Experiment) -> dict[str, Any]:
+    prefix = find_checkpoint(exp.cfg.ckpt_path)
+    restore_model(exp, prefix)
+    test = LOOPS.get(exp.cfg.loop.name)(exp).evaluate()
+    log.info("restored %s: test_loss %.4f - test_accuracy %.4f", prefix, test["test_loss"],
+             test["test_accuracy"])
+    return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None)
+
+
+def restore_model(exp: Experiment, prefix: str) -> None:
+    """Restore the model weights (and epoch counter) of `prefix`, checking they fit the model."""
+    try:
+        status = tf.train.Checkpoint(model=exp.model, epoch=exp.epoch).restore(prefix)
+        status.assert_existing_objects_matched().expect_partial()
+    except (tf.errors.OpError, ValueError, AssertionError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DistlabError(
+            f"checkpoint {prefix} does not match the configured model ({exp.cfg.model.name}, "
+            f"dataset {exp.cfg.dataset.name}): {first[:300]}. Use the model/dataset overrides "
+            "the checkpoint was trained with (see its run dir's .hydra/config.yaml)"
+        ) from None
+
+
+def export_and_check(exp: Experiment) -> dict[str, Any]:
+    """Export a SavedModel and check its predictions, reloaded with and without the strategy."""
+    path = str(exp.run_dir.saved_model)
+    exp.model.export(path, verbose=False)
+    images = next(iter(exp.data.test))[0][:32]
+    expected = np.asarray(exp.model(images, training=False))
+    plain = tf.saved_model.load(path)
+    diffs = [np.max(np.abs(plain.serve(images).numpy() - expected))]
+    with exp.strategy.scope():  # inside the scope it must be called through strategy.run
+        scoped = tf.saved_model.load(path)
+        outputs = exp.strategy.run(scoped.serve, args=(images,))
+    diffs.append(np.max(np.abs(exp.strategy.experimental_local_results(outputs)[0].numpy()
+                               - expected)))
+    diff = float(max(diffs))
+    if diff > EXPORT_ATOL:
+        raise DistlabError(f"the exported SavedModel in {path} predicts differently from the "
+                           f"trained model (max abs diff {diff:.3g} > {EXPORT_ATOL})")
+    log.info("exported %s (reloaded with and without the strategy, max abs diff %.2g)", path,
+             diff)
+    return {"saved_model": "saved_model", "export_max_abs_diff": diff}

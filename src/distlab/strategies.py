@@ -1,0 +1,63 @@
+"""tf.distribute strategies from the `strategy` group."""
+
+from __future__ import annotations
+
+import logging
+
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from distlab.errors import DistlabError
+from distlab.registry import Registry
+
+log = logging.getLogger(__name__)
+STRATEGIES: Registry = Registry("strategy")
+
+
+def configure_devices(cfg: DictConfig) -> None:
+    """Split the host CPU into `cfg.cpu_devices` logical devices. Must run before any TF op."""
+    wanted = cfg.cpu_devices
+    if not wanted:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) == wanted:
+        return
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(wanted)]
+        )
+    except RuntimeError:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have == wanted:
+            return
+        raise DistlabError(
+            f"strategy.cpu_devices={wanted} cannot be applied: TensorFlow already runs in this "
+            f"process with {have} CPU device(s). Sweep it with one process per job "
+            "(hydra/launcher=submitit_local or joblib)"
+        ) from None
+
+
+@STRATEGIES.register("default")
+def default(cfg: DictConfig) -> tf.distribute.Strategy:
+    return tf.distribute.get_strategy()
+
+
+@STRATEGIES.register("one_device")
+def one_device(cfg: DictConfig) -> tf.distribute.Strategy:
+    device = cfg.device or ("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0")
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+@STRATEGIES.register("mirrored")
+def mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    return tf.distribute.MirroredStrategy([d.name for d in devices])
+
+
+def build(cfg: DictConfig) -> tf.distribute.Strategy:
+    strategy = STRATEGIES.get(cfg.name)(cfg)
+    devices = getattr(strategy.extended, "worker_devices", ())
+    log.info("strategy %s with %d replica(s) on %s", type(strategy).__name__,
+             strategy.num_replicas_in_sync, ", ".join(d.split("/")[-1] for d in devices) or "-")
+    return strategy

@@ -68,7 +68,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         user_error = isinstance(e, DistlabError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
         if not user_error:
-            log.debug("".join(traceback.format_exception(e)))
+            _traceback_to_log_file(e)
         log.error(message if user_error else message.splitlines()[0] + " (traceback in run.log)")
         _keep_or_write_failed(run_dir, _failed_results(cfg, message, started))
         if _is_multirun():
@@ -78,6 +78,15 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     log.info("results: %s", run_dir.results_json)
     value = results.get(cfg.objective)
     return float(value) if value is not None else None
+
+
+def _traceback_to_log_file(error: BaseException) -> None:
+    """The full traceback goes to run.log only; the console gets one line."""
+    text = "".join(traceback.format_exception(error))
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, text, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def _keep_or_write_failed(run_dir: RunDir, failed: dict[str, Any]) -> None:

@@ -168,20 +168,20 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     for group, name, node in [
-        ("strategy", "strategy_schema", StrategyConfig),
-        ("dataset", "dataset_schema", DatasetConfig),
-        ("model", "model_schema", ModelConfig),
-        ("optimizer", "adam_schema", AdamConfig),
-        ("optimizer", "sgd_schema", SGDConfig),
-        ("optimizer", "rmsprop_schema", RMSpropConfig),
-        ("schedule", "constant_schema", ConstantScheduleConfig),
-        ("schedule", "step_decay_schema", StepDecayConfig),
-        ("schedule", "cosine_schema", CosineScheduleConfig),
-        ("schedule", "exponential_schema", ExponentialScheduleConfig),
-        ("loop", "keras_fit_schema", KerasFitLoopConfig),
-        ("loop", "custom_schema", CustomLoopConfig),
-    ]:
-        cs.store(group=group, name=name, node=node)
+        ("strategy", "strategy", StrategyConfig),
+        ("dataset", "dataset", DatasetConfig),
+        ("model", "model", ModelConfig),
+        ("optimizer", "adam", AdamConfig),
+        ("optimizer", "sgd", SGDConfig),
+        ("optimizer", "rmsprop", RMSpropConfig),
+        ("schedule", "constant", ConstantScheduleConfig),
+        ("schedule", "step_decay", StepDecayConfig),
+        ("schedule", "cosine", CosineScheduleConfig),
+        ("schedule", "exponential", ExponentialScheduleConfig),
+        ("loop", "keras_fit", KerasFitLoopConfig),
+        ("loop", "custom", CustomLoopConfig),
+    ]:  # under schema/<group>, so they do not show up as options of <group>
+        cs.store(group=f"schema/{group}", name=name, node=node)
 
 
 # --------------------------------------------------------------------------- values

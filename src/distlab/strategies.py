@@ -15,27 +15,37 @@ STRATEGIES: Registry = Registry("strategy")
 
 
 def configure_devices(cfg: DictConfig) -> None:
-    """Split the host CPU into `cfg.cpu_devices` logical devices. Must run before any TF op."""
+    """Split the host CPU into `cfg.cpu_devices` logical devices. Must run before any TF op.
+
+    A process whose runtime already has at least that many logical CPUs (an earlier job of
+    an in-process sweep, a test session) is fine: the strategy then uses the first N.
+    """
     wanted = cfg.cpu_devices
     if not wanted:
         return
     cpu = tf.config.list_physical_devices("CPU")[0]
-    current = tf.config.get_logical_device_configuration(cpu)
-    if current is not None and len(current) == wanted:
-        return
     try:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(wanted)]
         )
-    except RuntimeError:
+    except RuntimeError:  # the runtime is already initialised
         have = len(tf.config.list_logical_devices("CPU"))
-        if have == wanted:
+        if have >= wanted:
             return
         raise DistlabError(
             f"strategy.cpu_devices={wanted} cannot be applied: TensorFlow already runs in this "
             f"process with {have} CPU device(s). Sweep it with one process per job "
             "(hydra/launcher=submitit_local or joblib)"
         ) from None
+
+
+def _local_devices(cfg: DictConfig) -> list[str]:
+    """All local GPUs; without GPUs, the first `cpu_devices` logical CPUs (null: all)."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        return [d.name for d in gpus]
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    return cpus[: cfg.cpu_devices] if cfg.cpu_devices else cpus
 
 
 @STRATEGIES.register("default")
@@ -51,13 +61,15 @@ def one_device(cfg: DictConfig) -> tf.distribute.Strategy:
 
 @STRATEGIES.register("mirrored")
 def mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
-    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-    return tf.distribute.MirroredStrategy([d.name for d in devices])
+    return tf.distribute.MirroredStrategy(_local_devices(cfg))
 
 
 def build(cfg: DictConfig) -> tf.distribute.Strategy:
     strategy = STRATEGIES.get(cfg.name)(cfg)
-    devices = getattr(strategy.extended, "worker_devices", ())
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy has none
+        devices = ()
     log.info("strategy %s with %d replica(s) on %s", type(strategy).__name__,
              strategy.num_replicas_in_sync, ", ".join(d.split("/")[-1] for d in devices) or "-")
     return strategy

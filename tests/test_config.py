@@ -1,0 +1,146 @@
+"""Hydra composition of every group option, schema type checks and value validation."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, compose, run_cli
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from distlab.config import validate
+from distlab.errors import ConfigError
+
+GROUPS = ["strategy", "dataset", "model", "optimizer", "schedule", "loop", "experiment"]
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])
+def test_every_option_composes_and_validates(group, option):
+    cfg = compose([f"{group}={option}"])
+    validate(cfg)
+    if group != "experiment":
+        assert cfg[group].name  # every group node names its registry entry
+    OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def test_defaults_are_the_first_reference_workload():
+    cfg = compose([])
+    assert (cfg.loop.name, cfg.dataset.name, cfg.strategy.name) == ("keras_fit", "mnist",
+                                                                     "mirrored")
+    assert cfg.trainer.epochs == 12 and cfg.dataset.batch_size_per_replica == 64
+    assert (cfg.deterministic, cfg.mode, cfg.ckpt_path) == (False, "train", None)
+    assert list(cfg.schedule.boundaries) == [3, 7]
+
+
+def test_every_group_option_has_a_registered_builder():
+    from distlab import models, optimizers, schedules, strategies
+    from distlab.loops import LOOPS
+
+    registries = {"strategy": strategies.STRATEGIES, "model": models.MODELS,
+                  "optimizer": optimizers.OPTIMIZERS, "schedule": schedules.SCHEDULES,
+                  "loop": LOOPS}
+    for group, registry in registries.items():
+        for option in _options(group):
+            name = compose([f"{group}={option}"])[group].name
+            assert name in registry, f"{group}={option} names unregistered {name!r}"
+
+
+def test_presets():
+    fit = compose(["experiment=tutorial_keras_mnist"])
+    assert (fit.loop.name, fit.dataset.name, fit.trainer.epochs) == ("keras_fit", "mnist", 12)
+    assert fit.schedule.name == "step_decay" and list(fit.schedule.factors) == [1.0, 0.1, 0.01]
+    custom = compose(["experiment=tutorial_custom_fashion"])
+    assert (custom.loop.name, custom.dataset.name, custom.trainer.epochs) == (
+        "custom", "fashion_mnist", 10)
+    assert custom.trainer.checkpoint_every == 2 and custom.strategy.name == "mirrored"
+    assert list(custom.model.conv_filters) == [32, 64]
+    assert custom.model.output_activation == "softmax"
+    assert custom.dataset.batch_size_per_replica == 64 and custom.optimizer.name == "adam"
+
+
+def test_wrong_type_is_rejected_by_the_schema():
+    with pytest.raises((ConfigCompositionException, ValidationError)) as e:
+        compose(["trainer.epochs=abc"])
+    assert "trainer.epochs" in str(e.value) or "trainer.epochs" in str(e.value.__cause__)
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(ConfigCompositionException):
+        compose(["optimizer.lr=0.1"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("dataset.batch_size_per_replica=0", "dataset.batch_size_per_replica"),
+    ("trainer.epochs=-1", "trainer.epochs"),
+    ("optimizer.learning_rate=-0.1", "optimizer.learning_rate"),
+    ("optimizer.lr_scaling=cubic", "optimizer.lr_scaling"),
+    ("strategy.cpu_devices=0", "strategy.cpu_devices"),
+    ("trainer.checkpoint_every=0", "trainer.checkpoint_every"),
+    ("schedule.boundaries=[7,3]", "schedule.boundaries"),
+    ("mode=serve", "mode"),
+])
+def test_impossible_values_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(compose([override]))
+
+
+def test_evaluate_needs_ckpt_path():
+    with pytest.raises(ConfigError, match="ckpt_path"):
+        validate(compose(["mode=evaluate"]))
+
+
+def test_cfg_job_imports_no_tensorflow():
+    code = (
+        "import runpy, sys\n"
+        "sys.argv = ['run.py', '--cfg', 'job']\n"
+        "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('TF_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TF')\n"
+    )
+    import subprocess
+
+    start = time.time()
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert "NO_TF" in out.stdout, out.stdout + out.stderr
+    assert "batch_size_per_replica" in out.stdout
+    assert time.time() - start < 30
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["trainer.epochs=abc"], "trainer.epochs"),
+    (["dataset.batch_size_per_replica=0"], "dataset.batch_size_per_replica"),
+    (["loop=nope"], "keras_fit"),  # the unknown option's message lists the valid ones
+    (["strategy=nope"], "mirrored"),
+])
+def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
+    start = time.time()
+    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert needle in text, text
+    assert "Traceback" not in text, text
+    assert time.time() - start < 60
+
+
+def test_unknown_option_names_the_group(tmp_path):
+    out = run_cli("loop=nope", f"hydra.run.dir={tmp_path}")
+    assert "loop" in out.stderr and "custom" in out.stderr and "keras_fit" in out.stderr
+
+
+def test_config_files_exist_for_design_groups():
+    for group, needed in {"strategy": {"default", "one_device", "mirrored"},
+                          "dataset": {"mnist", "fashion_mnist"},
+                          "optimizer": {"adam", "sgd", "rmsprop"},
+                          "schedule": {"constant", "step_decay", "cosine", "exponential"},
+                          "loop": {"keras_fit", "custom"}}.items():
+        assert needed <= set(_options(group)), group
+    assert Path(ROOT / "conf" / "config.yaml").exists()

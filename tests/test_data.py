@@ -1,0 +1,78 @@
+"""The tfds input pipeline: global batch, exact epochs, per-epoch order, offline failure."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from conftest import TINY_TEST, TINY_TRAIN, compose
+
+from distlab import data as data_lib
+from distlab.errors import DistlabError
+
+
+def _cfg(data_dir, *extra):
+    return compose([f"dataset.data_dir={data_dir}", *extra]).dataset
+
+
+def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
+    monkeypatch.setattr(data_lib, "_unreachable_host", lambda builder: None)
+    with tfds.testing.mock_data(num_examples=300):
+        d = data_lib.load(compose([]).dataset, num_replicas=2, seed=1, steps_per_epoch=None)
+        assert d.global_batch_size == 128 and d.steps_per_epoch == 3  # ceil(300 / 128)
+        batches = list(d.train_epochs(0, 1))
+    assert [int(b[0].shape[0]) for b in batches] == [128, 128, 44]
+    images, labels = batches[0]
+    assert images.dtype == tf.float32 and images.shape[1:] == (28, 28, 1)
+    assert float(tf.reduce_max(images)) <= 1.0 and float(tf.reduce_min(images)) >= 0.0
+    assert labels.dtype == tf.int64
+
+
+def test_real_prepared_dir_and_global_batch(tiny_data_dir):
+    d = data_lib.load(_cfg(tiny_data_dir), num_replicas=2, seed=0, steps_per_epoch=None)
+    assert (d.num_train, d.num_test, d.num_classes) == (TINY_TRAIN, TINY_TEST, 10)
+    assert d.global_batch_size == 128 and d.steps_per_epoch == 4
+    assert sum(int(b[0].shape[0]) for b in d.test) == TINY_TEST
+    assert d.examples_per_epoch == TINY_TRAIN
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch(tiny_data_dir):
+    d = data_lib.load(_cfg(tiny_data_dir), num_replicas=1, seed=5, steps_per_epoch=None)
+    spe = d.steps_per_epoch
+    from_zero = [b[1].numpy() for b in d.train_epochs(0, 3)]
+    from_two = [b[1].numpy() for b in d.train_epochs(2, 3)]
+    assert len(from_zero) == 3 * spe and len(from_two) == spe
+    np.testing.assert_array_equal(np.concatenate(from_zero[2 * spe:]), np.concatenate(from_two))
+    assert not np.array_equal(np.concatenate(from_zero[:spe]),
+                              np.concatenate(from_zero[spe:2 * spe]))  # reshuffled per epoch
+    mid = [b[1].numpy() for b in d.train_epochs(1, 3, skip_steps=3)]
+    np.testing.assert_array_equal(np.concatenate(mid), np.concatenate(from_zero[spe + 3:]))
+
+
+def test_fixed_steps_per_epoch_is_exact(tiny_data_dir):
+    d = data_lib.load(_cfg(tiny_data_dir), num_replicas=1, seed=0, steps_per_epoch=11)
+    sizes = [int(b[0].shape[0]) for b in d.train_epochs(0, 2)]
+    assert sizes == [64] * 22 and d.examples_per_epoch == 11 * 64
+
+
+def test_offline_unprepared_dataset_fails_fast_with_a_clear_message(tmp_path):
+    start = time.time()
+    with pytest.raises(DistlabError) as e:
+        data_lib.load(_cfg(tmp_path), num_replicas=1, seed=0, steps_per_epoch=None)
+    assert time.time() - start < 30
+    msg = str(e.value)
+    assert "'mnist'" in msg and str(tmp_path) in msg and "TFDS_DATA_DIR" in msg
+
+
+def test_data_dir_that_is_not_a_directory(tmp_path):
+    with pytest.raises(DistlabError, match="dataset.data_dir"):
+        data_lib.load(_cfg(tmp_path / "nope"), num_replicas=1, seed=0, steps_per_epoch=None)
+
+
+def test_unknown_dataset_name(tiny_data_dir):
+    with pytest.raises(DistlabError, match="dataset.name='no_such_dataset'"):
+        data_lib.load(_cfg(tiny_data_dir, "dataset.name=no_such_dataset"), num_replicas=1,
+                      seed=0, steps_per_epoch=None)

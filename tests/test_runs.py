@@ -1,0 +1,138 @@
+"""Whole runs on tiny prepared data: run-dir contract, both loops, strategies, evaluate mode."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import fast_overrides, run_cli
+
+from distlab.run_dir import HISTORY_COLUMNS, RESULTS_FIELDS, RunDir
+
+pytestmark = pytest.mark.slow
+
+
+def assert_run_dir(path, epochs: int, export: bool = True) -> dict:
+    results = json.loads((path / "results.json").read_text())
+    assert results["status"] == "completed", results
+    for field in RESULTS_FIELDS:
+        assert field in results, field
+    assert results["epochs_completed"] == epochs
+    assert results["global_batch_size"] == (results["batch_size_per_replica"]
+                                            * results["num_replicas"])
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "run.log", "history.csv",
+                 "checkpoints/checkpoint"):
+        assert (path / name).exists(), name
+    assert list((path / "logs" / "train").glob("events.out.tfevents.*"))
+    assert list((path / "logs" / "validation").glob("events.out.tfevents.*"))
+    assert (path / "saved_model" / "saved_model.pb").exists() == export
+    history = RunDir(path).read_history()
+    assert [int(r["epoch"]) for r in history] == list(range(1, epochs + 1))
+    assert list(history[0]) == HISTORY_COLUMNS
+    assert all(float(r["examples_per_sec"]) > 0 and r["val_accuracy"] for r in history)
+    return results
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_cli_run_writes_the_whole_run_dir(loop, tiny_data_dir, tmp_path):
+    out = run_cli(*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.export=true",
+                  f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = assert_run_dir(tmp_path, epochs=2)
+    assert results["loop"] == loop and results["strategy"] == "MirroredStrategy"
+    assert results["export_max_abs_diff"] < 1e-4
+    assert results["test_accuracy"] > 0.3  # the tiny data is learnable
+    assert "epoch 2/2 - learning_rate" in (tmp_path / "run.log").read_text()
+
+
+def test_cli_two_replicas_and_restore_without_a_strategy(tiny_data_dir, tmp_path):
+    train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
+    out = run_cli(*fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
+                  "trainer.steps_per_epoch=3", f"hydra.run.dir={train_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    trained = assert_run_dir(train_dir, epochs=2, export=False)
+    assert (trained["num_replicas"], trained["global_batch_size"]) == (2, 128)
+
+    out = run_cli(*fast_overrides(tiny_data_dir), "mode=evaluate", f"ckpt_path={train_dir}",
+                  "strategy=default", f"hydra.run.dir={eval_dir}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    evaluated = json.loads((eval_dir / "results.json").read_text())
+    assert evaluated["num_replicas"] == 1 and evaluated["mode"] == "evaluate"
+    assert evaluated["epochs_completed"] == 2
+    assert evaluated["test_accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-3)
+    assert evaluated["test_loss"] == pytest.approx(trained["test_loss"], abs=1e-3)
+
+
+@pytest.mark.parametrize("strategy", ["strategy=default", "strategy=one_device",
+                                      "strategy.cpu_devices=2"])
+def test_custom_loop_under_each_strategy(strategy, run_inprocess):
+    results = run_inprocess("loop=custom", strategy)
+    assert results["status"] == "completed" and results["epochs_completed"] == 2
+    assert results["num_replicas"] == (2 if "cpu_devices=2" in strategy else 1)
+
+
+def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
+    # 11 steps per epoch in loops of 4: 4 + 4 + 3, no dropped or repeated batch
+    results = run_inprocess("loop=custom", "loop.steps_per_loop=4", "trainer.steps_per_epoch=11",
+                            out=tmp_path / "r")
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(tmp_path / "r" / "checkpoints" / "ckpt-2"))
+    iterations = [k for k in reader.get_variable_to_shape_map() if "iteration" in k]
+    assert iterations and int(reader.get_tensor(iterations[0])) == 22
+    assert results["steps_per_epoch"] == 11
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_replica_equivalence_same_global_batch(loop, run_inprocess):
+    common = (f"loop={loop}", "deterministic=true", "seed=3", "trainer.steps_per_epoch=6")
+    one = run_inprocess(*common, "strategy.cpu_devices=1", "dataset.batch_size_per_replica=128")
+    two = run_inprocess(*common, "strategy.cpu_devices=2", "dataset.batch_size_per_replica=64")
+    assert (one["num_replicas"], two["num_replicas"]) == (1, 2)
+    assert one["global_batch_size"] == two["global_batch_size"] == 128
+    assert two["test_loss"] == pytest.approx(one["test_loss"], abs=1e-3)
+
+
+def test_fit_and_custom_agree(run_inprocess):
+    common = ("deterministic=true", "seed=7", "trainer.steps_per_epoch=6",
+              "strategy.cpu_devices=2")
+    fit = run_inprocess("loop=keras_fit", *common)
+    custom = run_inprocess("loop=custom", *common)
+    assert custom["test_accuracy"] == pytest.approx(fit["test_accuracy"], abs=0.01)
+    assert custom["test_loss"] == pytest.approx(fit["test_loss"], abs=1e-3)
+
+
+@pytest.mark.parametrize("train_loop,eval_loop", [("keras_fit", "custom"),
+                                                  ("custom", "keras_fit")])
+def test_checkpoint_from_one_loop_restores_in_the_other(train_loop, eval_loop, run_inprocess,
+                                                        tmp_path):
+    trained = run_inprocess(f"loop={train_loop}", "trainer.steps_per_epoch=4",
+                            out=tmp_path / "t")
+    restored = run_inprocess(f"loop={eval_loop}", "mode=evaluate", f"ckpt_path={tmp_path / 't'}",
+                             "strategy=default", out=tmp_path / "e")
+    assert restored["test_accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-6)
+    assert restored["test_loss"] == pytest.approx(trained["test_loss"], abs=1e-5)
+
+
+def test_checkpoint_cadence(run_inprocess, tmp_path):
+    run_inprocess("trainer.epochs=5", "trainer.checkpoint_every=2", "trainer.max_checkpoints=5",
+                  "trainer.steps_per_epoch=2", "trainer.validate_every=0", out=tmp_path / "c")
+    names = sorted(p.name for p in (tmp_path / "c" / "checkpoints").glob("ckpt-*.index"))
+    assert names == ["ckpt-2.index", "ckpt-4.index", "ckpt-5.index"]  # every 2, and the last
+
+
+def test_evaluate_rejects_a_checkpoint_of_another_model(run_inprocess, tmp_path):
+    run_inprocess("trainer.steps_per_epoch=2", "trainer.epochs=1", out=tmp_path / "t")
+    with pytest.raises(SystemExit) as e:
+        run_inprocess("model=fashion_cnn", "mode=evaluate", f"ckpt_path={tmp_path / 't'}",
+                      out=tmp_path / "e")
+    assert e.value.code == 2
+    results = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert results["status"] == "failed" and "does not match" in results["error"]
+
+
+def test_evaluate_with_missing_checkpoint(run_inprocess, tmp_path):
+    with pytest.raises(SystemExit):
+        run_inprocess("mode=evaluate", f"ckpt_path={tmp_path / 'nothing'}", out=tmp_path / "e")
+    results = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert "ckpt_path" in results["error"]

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))  # run from a p
 
 from distlab import run  # noqa: E402  (no TensorFlow import here)
 from distlab.config import register_configs  # noqa: E402
+from distlab.run_dir import check_output_dir_args  # noqa: E402
 
 register_configs()
 
@@ -23,4 +24,6 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if problem := check_output_dir_args(sys.argv[1:]):
+        sys.exit(f"error: {problem}")
     main()

@@ -77,7 +77,7 @@ def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
                             out=tmp_path / "r")
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(str(tmp_path / "r" / "checkpoints" / "ckpt-2"))
+    reader = tf.train.load_checkpoint(str(tmp_path / "r" / "checkpoints" / "ckpt-22"))
     iterations = [k for k in reader.get_variable_to_shape_map() if "iteration" in k]
     assert iterations and int(reader.get_tensor(iterations[0])) == 22
     assert results["steps_per_epoch"] == 11
@@ -118,7 +118,8 @@ def test_checkpoint_cadence(run_inprocess, tmp_path):
     run_inprocess("trainer.epochs=5", "trainer.checkpoint_every=2", "trainer.max_checkpoints=5",
                   "trainer.steps_per_epoch=2", "trainer.validate_every=0", out=tmp_path / "c")
     names = sorted(p.name for p in (tmp_path / "c" / "checkpoints").glob("ckpt-*.index"))
-    assert names == ["ckpt-2.index", "ckpt-4.index", "ckpt-5.index"]  # every 2, and the last
+    # numbered by optimizer step: after epochs 2 and 4 (every 2) and 5 (the last), 2 steps each
+    assert names == ["ckpt-10.index", "ckpt-4.index", "ckpt-8.index"]
 
 
 def test_evaluate_rejects_a_checkpoint_of_another_model(run_inprocess, tmp_path):

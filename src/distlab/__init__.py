@@ -6,6 +6,7 @@ so `python run.py --cfg job` and config validation stay fast.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -13,10 +14,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from distlab.config import validate
+from distlab.config import training_diff, validate
 from distlab.errors import DistlabError
+from distlab.preemption import Interrupted
 from distlab.run_dir import RunDir
 
 __all__ = ["run", "DistlabError"]
@@ -61,9 +63,27 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     try:
         validate(cfg)
         run_dir.check_writable()
+        config = OmegaConf.to_container(cfg, resolve=True)
+        refusal = rerun_refusal(run_dir, config)
+        if refusal:
+            run_dir.restore_hydra()  # leave the directory exactly as it was
+            print(f"error: {refusal}", file=sys.stderr)  # not logged: run.log stays as it was
+            if _is_multirun():
+                return None
+            sys.exit(2)
+        previous = run_dir.read_results()
+        if _already_completed(previous, cfg):
+            log.info("%s already completed %s epoch(s); not retraining. results: %s",
+                     run_dir.path, previous["epochs_completed"], json.dumps(previous))
+            return _objective(previous, cfg)
+        if cfg.mode == "train":
+            run_dir.record_start(config)
         from distlab.runner import execute  # imports TensorFlow
 
         results = execute(cfg, run_dir)
+    except Interrupted as e:  # results.json (status interrupted) and a checkpoint are written
+        log.error(str(e))
+        sys.exit(128 + e.signum)
     except Exception as e:  # noqa: BLE001 - every failure is reported the same way
         user_error = isinstance(e, DistlabError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
@@ -76,8 +96,46 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         sys.exit(2 if user_error else 1)
     run_dir.write_results(results)
     log.info("results: %s", run_dir.results_json)
+    return _objective(results, cfg)
+
+
+def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:
     value = results.get(cfg.objective)
     return float(value) if value is not None else None
+
+
+def _already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
+    return bool(previous and cfg.mode == "train" and previous.get("mode") == "train"
+                and previous.get("status") == "completed"
+                and previous.get("epochs_completed", 0) >= cfg.trainer.epochs)
+
+
+def rerun_refusal(run_dir: RunDir, config: dict[str, Any]) -> str | None:
+    """Why this run must not go into `run_dir` (which may hold an earlier run), or None."""
+    started_with = run_dir.started_config()
+    if started_with is None:
+        return None
+    where = f"{run_dir.path} holds a run started with another config"
+    if config.get("mode") == "evaluate":
+        return (f"{run_dir.path} holds a training run; mode=evaluate would overwrite its "
+                "results. Give the evaluation its own hydra.run.dir")
+    changed = training_diff(started_with, config)
+    if not changed:
+        return None
+    shown = ", ".join(f"{k} ({_get(started_with, k)!r} -> {_get(config, k)!r})"
+                      for k in changed[:6])
+    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+    return (f"{where}: {shown}{more}. Rerun with its values to resume it (only trainer.epochs "
+            "and reporting keys may change), or choose a new hydra.run.dir")
+
+
+def _get(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "<absent>"
+        node = node[part]
+    return node
 
 
 def _traceback_to_log_file(error: BaseException) -> None:

@@ -255,3 +255,36 @@ def _show(value: Any) -> str:
     if OmegaConf.is_config(value):
         return str(OmegaConf.to_container(value))
     return repr(value) if isinstance(value, str) else str(value)
+
+
+# --------------------------------------------------------------------------- reruns
+
+# Keys a rerun into an existing run directory may change: they do not change what the
+# optimizer sees (how long, how often to checkpoint or report, where data is read from).
+RERUN_NEUTRAL_KEYS = {
+    "trainer.epochs", "trainer.export", "trainer.max_checkpoints", "trainer.validate_every",
+    "trainer.checkpoint_every", "loop.verbose", "loop.steps_per_loop",
+    "loop.steps_per_execution", "loop.jit_compile", "objective", "mode", "ckpt_path",
+    "dataset.data_dir", "dataset.cache", "strategy.connect_timeout_s",
+}
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def training_diff(started_with: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Dotted keys whose change would make a rerun train differently from the original run."""
+    old, new = _flatten(started_with), _flatten(now)
+    neutral = set(RERUN_NEUTRAL_KEYS)
+    cosine_over_run = (new.get("schedule.name") == "cosine"
+                       and new.get("schedule.decay_epochs") is None)
+    if cosine_over_run:  # the decay length is trainer.epochs itself
+        neutral.discard("trainer.epochs")
+    return sorted(k for k in old.keys() | new.keys()
+                  if k not in neutral and old.get(k, "<absent>") != new.get(k, "<absent>"))

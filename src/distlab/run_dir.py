@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ class RunDir:
     history_csv = property(lambda self: self.path / "history.csv")
     results_json = property(lambda self: self.path / "results.json")
     saved_model = property(lambda self: self.path / "saved_model")
+    started_config_yaml = property(lambda self: self.path / ".distlab" / "config.yaml")
+    _hydra_snapshot = property(lambda self: self.path / ".distlab" / "hydra")
 
     def check_writable(self) -> None:
         try:
@@ -47,6 +50,30 @@ class RunDir:
                 "with hydra.run.dir=... (or hydra.sweep.dir=... for -m)"
             ) from None
 
+    # ---- the config the run was started with (Hydra rewrites .hydra/ on every rerun)
+    def started_config(self) -> dict[str, Any] | None:
+        if not self.started_config_yaml.exists():
+            return None
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(OmegaConf.load(self.started_config_yaml))
+
+    def record_start(self, config: dict[str, Any]) -> None:
+        """Keep the first start's config, and a copy of .hydra/ to restore after a refusal."""
+        from omegaconf import OmegaConf
+
+        self.started_config_yaml.parent.mkdir(parents=True, exist_ok=True)
+        if not self.started_config_yaml.exists():
+            OmegaConf.save(OmegaConf.create(config), self.started_config_yaml)
+        hydra_dir = self.path / ".hydra"
+        if hydra_dir.is_dir():
+            shutil.copytree(hydra_dir, self._hydra_snapshot, dirs_exist_ok=True)
+
+    def restore_hydra(self) -> None:
+        """Undo Hydra's rewrite of .hydra/ by a refused rerun."""
+        if self._hydra_snapshot.is_dir():
+            shutil.copytree(self._hydra_snapshot, self.path / ".hydra", dirs_exist_ok=True)
+
     # ---- history.csv
     def append_history(self, row: dict[str, Any]) -> None:
         new = not self.history_csv.exists()
@@ -55,6 +82,18 @@ class RunDir:
             if new:
                 writer.writeheader()
             writer.writerow({k: _fmt(row.get(k)) for k in HISTORY_COLUMNS})
+
+    def truncate_history(self, epochs: int) -> None:
+        """Drop rows after epoch `epochs` (epochs a resumed run trains again)."""
+        rows = self.read_history()
+        if len(rows) <= epochs and all(int(r["epoch"]) <= epochs for r in rows):
+            return
+        tmp = self.history_csv.with_name("history.csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(r for r in rows if int(r["epoch"]) <= epochs)
+        os.replace(tmp, self.history_csv)
 
     def read_history(self) -> list[dict[str, str]]:
         if not self.history_csv.exists():
@@ -88,6 +127,26 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(clean, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
+
+
+def check_output_dir_args(argv: list[str]) -> str | None:
+    """Why the output dir named on the command line cannot be created, or None.
+
+    Hydra creates it before distlab runs and fails with a traceback; `run.py` asks first.
+    """
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    target = next((a[len(key):].strip("'\"") for a in argv if a.startswith(key)), "outputs")
+    if "${" in target:
+        return None
+    path = Path(target).expanduser()
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        kind = "is not a directory" if not existing.is_dir() else "is not writable"
+        option = key.rstrip("=")
+        return (f"{option}={target} cannot be created: {existing} {kind}. Choose another with "
+                f"{option}=...")
+    return None
 
 
 def find_checkpoint(ckpt_path: str) -> str:

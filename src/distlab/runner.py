@@ -19,6 +19,7 @@ from distlab import models, optimizers, schedules, strategies
 from distlab.errors import DistlabError
 from distlab.loops import LOOPS
 from distlab.loops.base import Experiment
+from distlab.preemption import Interrupted, stop_on_signals
 from distlab.run_dir import RunDir, find_checkpoint
 
 log = logging.getLogger("distlab")
@@ -48,13 +49,15 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
         # tracing, and restoring a checkpoint needs them to exist.
         optimizer.build(model.trainable_variables)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch)
+    step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch,
+                                     step_in_epoch=step_in_epoch)
     manager = tf.train.CheckpointManager(checkpoint, str(run_dir.checkpoints),
                                          max_to_keep=cfg.trainer.max_checkpoints)
     return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
                       schedule=schedule, from_logits=models.from_logits(cfg.model),
                       run_dir=run_dir, checkpoint=checkpoint, manager=manager, epoch=epoch,
-                      started=started)
+                      step_in_epoch=step_in_epoch, started=started)
 
 
 def learning_rate(cfg: DictConfig, global_batch_size: int) -> float:
@@ -95,8 +98,16 @@ def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
 
 
 def _train(exp: Experiment) -> dict[str, Any]:
+    initial_epoch, skip_steps = resume(exp)
     loop = LOOPS.get(exp.cfg.loop.name)(exp)
-    loop.train(initial_epoch=0)
+    with stop_on_signals() as exp.stop:
+        try:
+            loop.train(initial_epoch, skip_steps)
+        except Interrupted:
+            exp.run_dir.write_results(_results(
+                exp, status="interrupted", steps_in_epoch=int(exp.step_in_epoch.numpy()),
+                checkpoint=exp.manager.latest_checkpoint))
+            raise
     test = loop.evaluate()
     log.info("test_loss %.4f - test_accuracy %.4f", test["test_loss"], test["test_accuracy"])
     export = export_and_check(exp) if exp.cfg.trainer.export else {}
@@ -119,18 +130,48 @@ def _evaluate(exp: Experiment) -> dict[str, Any]:
     return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None)
 
 
+def resume(exp: Experiment) -> tuple[int, int]:
+    """Restore the run dir's latest checkpoint, if any: (epochs done, steps into the next)."""
+    latest = exp.manager.latest_checkpoint
+    if not latest:
+        return 0, 0
+    _restore(exp.checkpoint, latest, exp, what="resume from")
+    epoch, step = int(exp.epoch.numpy()), int(exp.step_in_epoch.numpy())
+    exp.run_dir.truncate_history(epoch)
+    log.info("resuming from %s: %d epoch(s) done, %d step(s) into the next", latest, epoch, step)
+    return epoch, step
+
+
 def restore_model(exp: Experiment, prefix: str) -> None:
-    """Restore the model weights (and epoch counter) of `prefix`, checking they fit the model."""
+    """Restore the model weights (and counters) of `prefix`, checking they fit the model."""
+    checkpoint = tf.train.Checkpoint(model=exp.model, epoch=exp.epoch)
+    _restore(checkpoint, prefix, exp, what="restore", partial=True)
+
+
+def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what: str,
+             partial: bool = False) -> None:
     try:
-        status = tf.train.Checkpoint(model=exp.model, epoch=exp.epoch).restore(prefix)
-        status.assert_existing_objects_matched().expect_partial()
-    except (tf.errors.OpError, ValueError, AssertionError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        status = checkpoint.restore(prefix)
+        status.assert_existing_objects_matched()
+        if partial:
+            status.expect_partial()
+    except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
         raise DistlabError(
-            f"checkpoint {prefix} does not match the configured model ({exp.cfg.model.name}, "
-            f"dataset {exp.cfg.dataset.name}): {first[:300]}. Use the model/dataset overrides "
-            "the checkpoint was trained with (see its run dir's .hydra/config.yaml)"
+            f"cannot {what} checkpoint {prefix}: it is truncated or corrupt ({_first_line(e)}). "
+            "Point ckpt_path at an intact checkpoint (ckpt-N prefix), or move the damaged files "
+            "away; nothing was deleted"
         ) from None
+    except (tf.errors.OpError, ValueError, AssertionError) as e:
+        raise DistlabError(
+            f"cannot {what} checkpoint {prefix}: it does not match the configured model "
+            f"({exp.cfg.model.name}, dataset {exp.cfg.dataset.name}): {_first_line(e)}. Use the "
+            "overrides it was trained with (see its run dir's .hydra/config.yaml)"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 def export_and_check(exp: Experiment) -> dict[str, Any]:

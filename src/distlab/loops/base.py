@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from distlab.data import Data
 from distlab.errors import DistlabError
+from distlab.preemption import Interrupted, StopRequest
 from distlab.run_dir import RunDir
 
 log = logging.getLogger("distlab")
@@ -40,7 +41,9 @@ class Experiment:
     checkpoint: tf.train.Checkpoint
     manager: tf.train.CheckpointManager
     epoch: tf.Variable  # epochs completed, saved in every checkpoint
+    step_in_epoch: tf.Variable  # steps done in epoch `epoch` (non-zero after a preemption)
     started: float = field(default_factory=time.time)
+    stop: StopRequest = field(default_factory=StopRequest)
 
     def learning_rate_at_epoch(self, epoch: int) -> float:
         """The learning rate of the first step of `epoch` (0-based)."""
@@ -49,6 +52,13 @@ class Experiment:
 
 class NonFiniteLoss(DistlabError):
     """Training produced a NaN or Inf loss."""
+
+
+def save_checkpoint(exp: Experiment, epochs_done: int, steps_in_epoch: int) -> str:
+    """ckpt-<optimizer step>, holding model, optimizer, epoch and step-in-epoch counters."""
+    exp.epoch.assign(epochs_done)
+    exp.step_in_epoch.assign(steps_in_epoch)
+    return exp.manager.save(checkpoint_number=int(exp.optimizer.iterations.numpy()))
 
 
 class Controller:
@@ -64,43 +74,62 @@ class Controller:
             self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
                              "validation": tf.summary.create_file_writer(str(logs / "validation"))}
 
-    def first_step_done(self) -> None:
+    def step_end(self, epoch: int, steps_done: int, loss: float) -> None:
+        """After a step (or a loop of steps): NaN guard, preemption, time to first step."""
         if self.first_step_at is None:
             self.first_step_at = time.time()
             log.info("time to first step: %.1f s", self.first_step_at - self.exp.started)
+        if not math.isfinite(loss):
+            latest = self.exp.manager.latest_checkpoint or "none yet"
+            raise NonFiniteLoss(
+                f"non-finite loss ({loss}) at epoch {epoch + 1}, step {steps_done}: training "
+                f"stopped; the last good checkpoint ({latest}) is kept. Lower "
+                "optimizer.learning_rate or set optimizer.clipnorm"
+            )
+        if self.exp.stop:
+            self.interrupt(epoch, steps_done)
+
+    def interrupt(self, epochs_done: int, steps_in_epoch: int) -> None:
+        """Checkpoint where we are and raise Interrupted (the run can then be resumed)."""
+        path = save_checkpoint(self.exp, epochs_done, steps_in_epoch)
+        raise Interrupted(
+            f"stopped by signal {self.exp.stop.signum} at epoch {epochs_done + 1}, step "
+            f"{steps_in_epoch}; checkpoint {path} saved. Rerun the same command to resume.",
+            self.exp.stop.signum,
+        )
 
     def epoch_end(self, epoch: int, metrics: dict[str, float], epoch_seconds: float,
-                  train_seconds: float) -> dict[str, Any]:
-        """Record epoch `epoch` (0-based): history row, scalars, checkpoint, summary line."""
+                  train_seconds: float, steps_run: int) -> dict[str, Any]:
+        """Record epoch `epoch` (0-based): history row, scalars, checkpoint, summary line.
+
+        `steps_run` is the number of steps this process ran in the epoch (fewer than
+        steps_per_epoch when it resumed mid-epoch).
+        """
         exp = self.exp
-        loss = metrics.get("loss")
-        if loss is not None and not math.isfinite(loss):
-            raise NonFiniteLoss(
-                f"non-finite loss ({loss}) in epoch {epoch + 1}: training stopped and no "
-                "checkpoint was written for it; lower optimizer.learning_rate or add "
-                "optimizer.clipnorm"
-            )
+        examples = exp.data.examples_per_epoch * steps_run / exp.data.steps_per_epoch
         row = {
             "epoch": epoch + 1,
             "learning_rate": exp.learning_rate_at_epoch(epoch),
-            "loss": loss,
+            "loss": metrics.get("loss"),
             "accuracy": metrics.get("accuracy"),
             "val_loss": metrics.get("val_loss"),
             "val_accuracy": metrics.get("val_accuracy"),
             "seconds": epoch_seconds,
-            "examples_per_sec": exp.data.examples_per_epoch / max(train_seconds, 1e-9),
+            "examples_per_sec": examples / max(train_seconds, 1e-9),
             "train_seconds": train_seconds,
+            "examples": examples,
         }
         self.epochs.append(row)
         exp.run_dir.append_history(row)
         if self._writers:
             self._write_scalars(epoch, row)
+        log.info(_summary_line(row, exp.cfg.trainer.epochs))
+        if exp.stop:  # a signal during validation: this epoch is done, save it and stop
+            self.interrupt(epoch + 1, 0)
         exp.epoch.assign(epoch + 1)
         last = epoch + 1 == exp.cfg.trainer.epochs
         if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last:
-            path = exp.manager.save(checkpoint_number=epoch + 1)
-            log.debug("checkpoint %s", path)
-        log.info(_summary_line(row, exp.cfg.trainer.epochs))
+            save_checkpoint(exp, epoch + 1, 0)
         return row
 
     def _write_scalars(self, epoch: int, row: dict[str, Any]) -> None:
@@ -116,7 +145,7 @@ class Controller:
 
     def train_examples_per_sec(self) -> float | None:
         seconds = sum(r["train_seconds"] for r in self.epochs)
-        return self.exp.data.examples_per_epoch * len(self.epochs) / seconds if seconds else None
+        return sum(r["examples"] for r in self.epochs) / seconds if seconds else None
 
 
 def _summary_line(row: dict[str, Any], epochs: int) -> str:
@@ -137,7 +166,9 @@ class Loop:
         self.exp = exp
         self.controller = Controller(exp, write_scalars=self.writes_scalars)
 
-    def train(self, initial_epoch: int) -> None:
+    def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
+        """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
+        steps of `initial_epoch` (a run resumed mid-epoch)."""
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from distlab.loops.base import Loop
@@ -75,36 +76,40 @@ class CustomLoop(Loop):
         return totals
 
     # ---- the loop
-    def train(self, initial_epoch: int) -> None:
+    def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
         exp, trainer = self.exp, self.exp.cfg.trainer
         steps, per_call = exp.data.steps_per_epoch, exp.cfg.loop.steps_per_loop
         dist = exp.strategy.experimental_distribute_dataset(
-            exp.data.train_epochs(initial_epoch, trainer.epochs)
+            exp.data.train_epochs(initial_epoch, trainer.epochs, skip_steps)
         )
         iterator = iter(dist)
         verbose = exp.cfg.loop.verbose
         for epoch in range(initial_epoch, trainer.epochs):
+            done = skip_steps if epoch == initial_epoch else 0
+            first = done
             if verbose:
                 print(f"Epoch {epoch + 1}/{trainer.epochs}", flush=True)
             bar = keras.utils.Progbar(steps, verbose=verbose,
                                       stateful_metrics=["loss", "accuracy", "examples/sec"])
             start = time.time()
-            totals, done = tf.zeros([3]), 0
+            totals = np.zeros(3)
             while done < steps:
                 n = min(per_call, steps - done)
-                totals += self._train_n(iterator, tf.constant(n, tf.int64))
+                chunk = self._train_n(iterator, tf.constant(n, tf.int64)).numpy()
+                totals += chunk
                 done += n
-                self.controller.first_step_done()
-                loss_sum, correct, count = totals.numpy()
+                self.controller.step_end(epoch, done, float(chunk[0]))
+                loss_sum, correct, count = totals
                 bar.update(done, [("loss", loss_sum / count), ("accuracy", correct / count),
                                   ("examples/sec", count / (time.time() - start))])
             train_seconds = time.time() - start
-            loss_sum, correct, count = totals.numpy()
+            loss_sum, correct, count = totals
             metrics = {"loss": float(loss_sum / count), "accuracy": float(correct / count)}
             if trainer.validate_every and (epoch + 1) % trainer.validate_every == 0:
                 test = self.evaluate()
                 metrics.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
-            self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds)
+            self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds,
+                                      steps_run=done - first)
 
     def evaluate(self) -> dict[str, float]:
         dist = self.exp.strategy.experimental_distribute_dataset(self.exp.data.test)

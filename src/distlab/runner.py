@@ -155,7 +155,7 @@ def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what
         status.assert_existing_objects_matched()
         if partial:
             status.expect_partial()
-    except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+    except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as e:
         raise DistlabError(
             f"cannot {what} checkpoint {prefix}: it is truncated or corrupt ({_first_line(e)}). "
             "Point ckpt_path at an intact checkpoint (ckpt-N prefix), or move the damaged files "

@@ -1,0 +1,183 @@
+"""Resume, preemption, NaN guard and reruns, through real `python run.py` processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, fast_overrides, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _rows(run_dir: Path) -> int:
+    history = run_dir / "history.csv"
+    return max(0, len(history.read_text().splitlines()) - 1) if history.exists() else 0
+
+
+def _wait_rows(proc: subprocess.Popen, run_dir: Path, rows: int, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while _rows(run_dir) < rows:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.time() < deadline, "timed out waiting for history rows"
+        time.sleep(0.05)
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _digest(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
+    return [*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=3",
+            "trainer.checkpoint_every=1", "deterministic=true", "seed=11",
+            f"hydra.run.dir={run_dir}", *extra]
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_sigkill_then_rerun_resumes_exactly(loop, tiny_data_dir, tmp_path):
+    # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch
+    extra = ("trainer.steps_per_epoch=150",)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert run_cli(*_args(tiny_data_dir, loop, a, *extra)).returncode == 0
+    uninterrupted = _results(a)
+
+    for run_dir, rows, delay in ((b, 2, 0.0), (c, 1, 0.4)):  # epoch boundary; mid-epoch 2
+        proc = _start(*_args(tiny_data_dir, loop, run_dir, *extra))
+        _wait_rows(proc, run_dir, rows)
+        time.sleep(delay)
+        proc.kill()
+        proc.wait()
+        out = run_cli(*_args(tiny_data_dir, loop, run_dir, *extra))
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        resumed = _results(run_dir)
+        assert resumed["epochs_completed"] == 3
+        assert resumed["test_loss"] == pytest.approx(uninterrupted["test_loss"], abs=1e-6)
+        assert resumed["test_accuracy"] == pytest.approx(uninterrupted["test_accuracy"],
+                                                         abs=1e-6)
+        history = [int(r.split(",")[0]) for r in
+                   (run_dir / "history.csv").read_text().splitlines()[1:]]
+        assert history == [1, 2, 3]
+        assert "resuming from" in (run_dir / "run.log").read_text()
+
+
+@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
+def test_sigterm_checkpoints_then_resumes(loop, tiny_data_dir, tmp_path):
+    args = _args(tiny_data_dir, loop, tmp_path, "trainer.epochs=4",
+                 "trainer.steps_per_epoch=400")
+    proc = _start(*args)
+    _wait_rows(proc, tmp_path, 1)
+    time.sleep(0.5)
+    sent = time.time()
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=30)[0]
+    assert time.time() - sent < 10
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "Traceback" not in output
+    interrupted = _results(tmp_path)
+    assert interrupted["status"] == "interrupted"
+    assert interrupted["epochs_completed"] >= 1
+    assert (tmp_path / "checkpoints" / "checkpoint").exists()
+
+    out = run_cli(*args)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    done = _results(tmp_path)
+    assert done["status"] == "completed" and done["epochs_completed"] == 4
+
+
+@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
+def test_nan_loss_stops_with_a_clear_message(loop, tiny_data_dir, tmp_path):
+    out = run_cli(*fast_overrides(tiny_data_dir), f"loop={loop}", "optimizer.learning_rate=1e12",
+                  "trainer.steps_per_epoch=20", f"hydra.run.dir={tmp_path}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "non-finite loss" in text and "epoch 1, step" in text, text[-3000:]
+    assert "Traceback" not in text
+    assert _results(tmp_path)["status"] == "failed"
+    assert not (tmp_path / "checkpoints" / "checkpoint").exists()  # no NaN weights saved
+
+
+def test_reruns_completed_refused_and_extended(tiny_data_dir, tmp_path):
+    base = [*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=3",
+            f"hydra.run.dir={tmp_path}"]
+    assert run_cli(*base).returncode == 0
+    first = _results(tmp_path)
+    before = _digest(tmp_path)
+
+    # a completed run is not retrained
+    again = run_cli(*base)
+    assert again.returncode == 0 and "already completed" in again.stdout + again.stderr
+    assert _results(tmp_path) == first
+
+    # a config that changes the training is refused, and nothing in the dir changes
+    before = _digest(tmp_path)
+    refused = run_cli(*base, "optimizer.learning_rate=0.01", "model=fashion_cnn")
+    text = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "optimizer.learning_rate" in text and "model.conv_filters" in text, text
+    assert "Traceback" not in text
+    assert _digest(tmp_path) == before
+
+    # evaluate into a training run dir would overwrite its results: refused too
+    assert run_cli(*base, "mode=evaluate", f"ckpt_path={tmp_path}").returncode != 0
+    assert _digest(tmp_path) == before
+
+    # raising trainer.epochs extends the run from its last checkpoint
+    extended = run_cli(*base, "trainer.epochs=3")
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    assert _results(tmp_path)["epochs_completed"] == 3
+    epochs = [int(r.split(",")[0]) for r in
+              (tmp_path / "history.csv").read_text().splitlines()[1:]]
+    assert epochs == [1, 2, 3]
+
+
+def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path):
+    train = tmp_path / "train"
+    assert run_cli(*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=2",
+                   f"hydra.run.dir={train}").returncode == 0
+    data_files = sorted((train / "checkpoints").glob("ckpt-*.data-*"))
+    latest = data_files[-1]
+    latest.write_bytes(latest.read_bytes()[:100])  # truncate
+    before = _digest(train)
+
+    out = run_cli(*fast_overrides(tiny_data_dir), "mode=evaluate", f"ckpt_path={train}",
+                  f"hydra.run.dir={tmp_path / 'eval'}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "truncated or corrupt" in text, text[-3000:]
+    assert "Traceback" not in text
+
+    # resuming (extending) from it is refused the same way; nothing is deleted
+    out = run_cli(*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=2", "trainer.epochs=3",
+                  f"hydra.run.dir={train}")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "truncated or corrupt" in text, text[-3000:]
+    after = _digest(train)
+    for name, digest in before.items():
+        if name.startswith(("checkpoints/", "history.csv", "saved_model/", "results.json")):
+            assert after.get(name) == digest, name
+
+
+def test_unwritable_output_dir_and_bad_data_dir(tiny_data_dir, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a dir")
+    out = run_cli(f"hydra.run.dir={blocker}/run", timeout=60)
+    assert out.returncode != 0 and "hydra.run.dir" in out.stderr and "Traceback" not in out.stderr
+
+    out = run_cli(f"dataset.data_dir={blocker}", f"hydra.run.dir={tmp_path / 'r'}", timeout=60)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "dataset.data_dir" in text and "Traceback" not in text

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.cluster import current_task
 from distlab.config import training_diff, validate
 from distlab.errors import DistlabError
 from distlab.preemption import Interrupted
@@ -60,8 +63,17 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     """
     started = time.time()
     run_dir = RunDir(output_dir or _output_dir())
+    scratch = None
     try:
         validate(cfg)
+        task = current_task(cfg.strategy)
+        if not task.is_chief:  # only the chief writes the run dir; workers write to scratch
+            scratch = Path(tempfile.mkdtemp(prefix=f"distlab-{task.type}{task.index}-"))
+            run_dir = RunDir(scratch)
+        elif len(task.workers) > 1 and run_dir.checkpoints.is_dir():
+            raise DistlabError(
+                f"{run_dir.path} already holds checkpoints; resuming a multi-worker run is not "
+                "supported (the other workers cannot see them). Use a new hydra.run.dir")
         run_dir.check_writable()
         config = OmegaConf.to_container(cfg, resolve=True)
         refusal = rerun_refusal(run_dir, config)
@@ -81,6 +93,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         from distlab.runner import execute  # imports TensorFlow
 
         results = execute(cfg, run_dir)
+        if scratch is None:
+            run_dir.write_results(results)
+            log.info("results: %s", run_dir.results_json)
     except Interrupted as e:  # results.json (status interrupted) and a checkpoint are written
         log.error(str(e))
         sys.exit(128 + e.signum)
@@ -94,8 +109,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         if _is_multirun():
             return None
         sys.exit(2 if user_error else 1)
-    run_dir.write_results(results)
-    log.info("results: %s", run_dir.results_json)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return _objective(results, cfg)
 
 

@@ -247,6 +247,11 @@ def validate(cfg: DictConfig) -> None:
             f"schedule.factors has {len(factors)} entries but schedule.boundaries has "
             f"{len(boundaries)}: give one factor more than boundaries"
         )
+    if cfg.strategy.name == "multi_worker_mirrored" and cfg.loop.name == "keras_fit":
+        raise ConfigError(
+            "loop=keras_fit cannot run under strategy=multi_worker_mirrored: Keras 3's fit fails "
+            "there (keras#20585, 'Attempt to convert a value (PerReplica...)'). Use loop=custom"
+        )
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
 

@@ -82,6 +82,34 @@ class Data:
         return epochs.prefetch(AUTOTUNE)
 
 
+def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
+               per_replica_batch: int) -> tf.distribute.DistributedDataset:
+    """Distribute `dataset` (batched by the global batch) with distribute_datasets_from_function.
+
+    Replica k of the whole cluster gets rows [k*b, (k+1)*b) of every global batch, with
+    b = `per_replica_batch` (a short or empty slice in a short last batch). Every input
+    pipeline (worker) reads the same stream and keeps only its own replicas' rows, so
+    workers see disjoint examples, every replica steps the same number of times, and the
+    global batch is exactly the configured one whatever the number of workers.
+    """
+    b = per_replica_batch
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        first = ctx.input_pipeline_id * local
+
+        def split(images: tf.Tensor, labels: tf.Tensor) -> tf.data.Dataset:
+            def rows(r: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+                start = (first + tf.cast(r, tf.int32)) * b
+                return images[start:start + b], labels[start:start + b]
+
+            return tf.data.Dataset.range(local).map(rows)
+
+        return dataset.flat_map(split).prefetch(AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
 def _scale(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.cast(image, tf.float32) / 255.0, label
 

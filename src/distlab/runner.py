@@ -70,8 +70,8 @@ def execute(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any]:
     """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json."""
     started = time.time()
     strategies.configure_devices(cfg.strategy)  # before any TensorFlow op
+    strategy = strategies.build(cfg.strategy)  # multi-worker: before any other TF op
     reset_state(cfg.seed, cfg.deterministic)
-    strategy = strategies.build(cfg.strategy)
     exp = build_experiment(cfg, run_dir, strategy, started)
     if cfg.mode == "evaluate":
         return _evaluate(exp)
@@ -84,7 +84,7 @@ def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
         "status": "completed",
         "mode": cfg.mode,
         "loop": cfg.loop.name,
-        "strategy": type(exp.strategy).__name__,
+        "strategy": strategies.name(exp.strategy),
         "num_replicas": exp.strategy.num_replicas_in_sync,
         "batch_size_per_replica": cfg.dataset.batch_size_per_replica,
         "global_batch_size": data.global_batch_size,

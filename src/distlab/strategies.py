@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import tensorflow as tf
 from omegaconf import DictConfig
 
+from distlab.cluster import current_task
 from distlab.errors import DistlabError
 from distlab.registry import Registry
 
@@ -64,12 +69,52 @@ def mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
     return tf.distribute.MirroredStrategy(_local_devices(cfg))
 
 
+_COMMUNICATION = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+@STRATEGIES.register("multi_worker_mirrored")
+def multi_worker_mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy from TF_CONFIG or SLURM; must be created before any TF op."""
+    resolver = (tf.distribute.cluster_resolver.SlurmClusterResolver()
+                if cfg.cluster_resolver == "slurm"
+                else tf.distribute.cluster_resolver.TFConfigClusterResolver())
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=_COMMUNICATION[cfg.communication])
+    # TF waits forever (GIL held, SIGTERM ignored) for a missing peer: a watchdog process
+    # names the unreachable workers and kills this one after connect_timeout_s.
+    watchdog = subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
+                                 str(os.getpid()), str(cfg.connect_timeout_s),
+                                 *current_task(cfg).workers])
+    try:
+        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                         communication_options=options)
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
+def name(strategy: tf.distribute.Strategy) -> str:
+    """The public class name (MultiWorkerMirroredStrategy, not CollectiveAllReduceStrategy)."""
+    for public, label in ((tf.distribute.MultiWorkerMirroredStrategy,
+                           "MultiWorkerMirroredStrategy"),
+                          (tf.distribute.MirroredStrategy, "MirroredStrategy"),
+                          (tf.distribute.OneDeviceStrategy, "OneDeviceStrategy")):
+        if isinstance(strategy, public):
+            return label
+    return "DefaultStrategy" if strategy is tf.distribute.get_strategy() else type(
+        strategy).__name__
+
+
 def build(cfg: DictConfig) -> tf.distribute.Strategy:
     strategy = STRATEGIES.get(cfg.name)(cfg)
     try:
         devices = strategy.extended.worker_devices
     except RuntimeError:  # the default strategy has none
         devices = ()
-    log.info("strategy %s with %d replica(s) on %s", type(strategy).__name__,
+    log.info("strategy %s with %d replica(s) on %s", name(strategy),
              strategy.num_replicas_in_sync, ", ".join(d.split("/")[-1] for d in devices) or "-")
     return strategy

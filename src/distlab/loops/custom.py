@@ -16,6 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from distlab.data import distribute
 from distlab.loops.base import Loop
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -79,10 +80,8 @@ class CustomLoop(Loop):
     def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
         exp, trainer = self.exp, self.exp.cfg.trainer
         steps, per_call = exp.data.steps_per_epoch, exp.cfg.loop.steps_per_loop
-        dist = exp.strategy.experimental_distribute_dataset(
-            exp.data.train_epochs(initial_epoch, trainer.epochs, skip_steps)
-        )
-        iterator = iter(dist)
+        iterator = iter(self._distribute(
+            exp.data.train_epochs(initial_epoch, trainer.epochs, skip_steps)))
         verbose = exp.cfg.loop.verbose
         for epoch in range(initial_epoch, trainer.epochs):
             done = skip_steps if epoch == initial_epoch else 0
@@ -111,7 +110,11 @@ class CustomLoop(Loop):
             self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds,
                                       steps_run=done - first)
 
+    def _distribute(self, dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset:
+        strategy = self.exp.strategy
+        return distribute(strategy, dataset,
+                          self.exp.data.global_batch_size // strategy.num_replicas_in_sync)
+
     def evaluate(self) -> dict[str, float]:
-        dist = self.exp.strategy.experimental_distribute_dataset(self.exp.data.test)
-        loss_sum, correct, count = self._eval_all(dist).numpy()
+        loss_sum, correct, count = self._eval_all(self._distribute(self.exp.data.test)).numpy()
         return {"test_loss": float(loss_sum / count), "test_accuracy": float(correct / count)}

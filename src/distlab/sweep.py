@@ -1,0 +1,385 @@
+"""The Hydra callback that summarises a multirun (registered in conf/config.yaml).
+
+When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
+`results.json` and writes into the sweep dir:
+
+    summary.csv   one row per job (job, overrides, status, batch sizes, effective learning
+                  rate, test metrics, examples/sec, wall time, error), plus one column per
+                  swept key
+    summary.md    the same as a Markdown table
+    summary.png   test accuracy and examples/sec against the swept value(s)
+    events.out.tfevents.*.hparams (and one in each <job>/logs/)   TensorBoard HParams,
+                  so `tensorboard --logdir <sweep dir>` compares the jobs
+
+If any job failed, it then logs one line and exits with status 1. Importing this module
+imports neither TensorFlow nor pyplot: Hydra instantiates callbacks in single runs too.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from distlab.run_dir import RunDir
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
+           "num_replicas", "learning_rate", "test_accuracy", "test_loss",
+           "train_examples_per_sec", "wall_time_s", "error"]
+METRICS = ["test_accuracy", "test_loss", "train_examples_per_sec", "wall_time_s"]
+PLOTTED = [("test_accuracy", "test accuracy"), ("train_examples_per_sec", "examples/sec")]
+HPARAMS_SUFFIX = ".hparams"  # our event files; rewritten, never appended, by a re-run
+MAX_PLOTTED_KEYS = 4
+
+
+@dataclass
+class Job:
+    """One job of the sweep, as its run directory left it."""
+
+    num: int
+    path: Path
+    overrides: list[str]
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return str(self.results.get("status", "missing"))
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "completed"
+
+    @property
+    def error(self) -> str:
+        if self.failed and not self.results:
+            return "no results.json: the job did not finish (crashed, killed or still running)"
+        return str(self.results.get("error") or "")
+
+    def override(self, key: str) -> str | None:
+        return override_values(self.overrides).get(key)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def find_jobs(sweep_dir: str | Path) -> list[Job]:
+    """Every job dir under `sweep_dir` (any `hydra.sweep.subdir` layout), by job number."""
+    jobs = []
+    for hydra_yaml in Path(sweep_dir).glob("**/.hydra/hydra.yaml"):
+        path = hydra_yaml.parent.parent
+        overrides_yaml = hydra_yaml.parent / "overrides.yaml"
+        overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []
+        jobs.append(Job(num=_job_num(hydra_yaml, path), path=path,
+                        overrides=[str(o) for o in overrides],
+                        results=RunDir(path).read_results() or {}))
+    return sorted(jobs, key=lambda j: (j.num, str(j.path)))
+
+
+def _job_num(hydra_yaml: Path, path: Path) -> int:
+    num = OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.job.num", default=None)
+    if isinstance(num, int):
+        return num
+    return int(path.name) if path.name.isdigit() else -1
+
+
+def override_values(overrides: Sequence[str]) -> dict[str, str]:
+    """{"dataset.batch_size_per_replica": "32", ...} from `key=value` overrides."""
+    values = {}
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep:
+            values[key.lstrip("+~")] = value
+    return values
+
+
+def swept_keys(jobs: Sequence[Job]) -> list[str]:
+    """The override keys whose values differ between jobs, in command-line order."""
+    keys: dict[str, None] = {}
+    for job in jobs:
+        keys.update(dict.fromkeys(override_values(job.overrides)))
+    return [k for k in keys if len({job.override(k) for job in jobs}) > 1]
+
+
+def common_overrides(jobs: Sequence[Job], swept: Sequence[str]) -> list[str]:
+    """The overrides every job shares (the swept ones aside)."""
+    if not jobs:
+        return []
+    return [o for o in jobs[0].overrides
+            if override_values([o]) and next(iter(override_values([o]))) not in swept]
+
+
+def parse_value(text: str | None) -> bool | int | float | str | None:
+    """An override's value as Hydra would read it (int, float, bool, null or a string)."""
+    if text is None or text == "null":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def rows(jobs: Sequence[Job], swept: Sequence[str]) -> list[dict[str, Any]]:
+    """One summary row per job: COLUMNS, then one column per swept key."""
+    table = []
+    for job in jobs:
+        row: dict[str, Any] = {key: job.results.get(key) for key in COLUMNS}
+        row.update(job=job.num, overrides=" ".join(job.overrides), status=job.status,
+                   error=job.error)
+        row.update({key: job.override(key) for key in swept})
+        table.append(row)
+    return table
+
+
+def write_csv(path: Path, table: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        for row in table:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+
+
+def best_job(jobs: Sequence[Job], objective: str, maximize: bool) -> Job | None:
+    scored = [j for j in jobs if not j.failed and _finite(j.results.get(objective))]
+    pick = max if maximize else min
+    return pick(scored, key=lambda j: float(j.results[objective])) if scored else None
+
+
+def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objective: str,
+             maximize: bool) -> str:
+    """summary.md: a headline, the shared overrides and one table row per job."""
+    failed = [j for j in jobs if j.failed]
+    lines = [f"# Sweep {sweep_dir}", "",
+             f"{len(jobs)} jobs: {len(jobs) - len(failed)} completed, {len(failed)} failed."]
+    best = best_job(jobs, objective, maximize)
+    if best is not None:
+        lines.append(f"Best {objective} ({'max' if maximize else 'min'}): "
+                     f"{_cell(best.results[objective])} in job {best.num} "
+                     f"({' '.join(_swept_overrides(best, swept)) or 'no swept override'}).")
+    common = common_overrides(jobs, swept)
+    if common:
+        lines.append("Common overrides: " + " ".join(f"`{o}`" for o in common))
+    headers = ["job", "overrides", "status", "batch/replica", "global batch", "replicas",
+               "learning rate (effective)", "test accuracy", "test loss", "examples/sec",
+               "wall time (s)", "error"]
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for job in jobs:
+        r = job.results
+        cells = [job.num, " ".join(_swept_overrides(job, swept)), job.status,
+                 r.get("batch_size_per_replica"), r.get("global_batch_size"),
+                 r.get("num_replicas"), r.get("learning_rate"), r.get("test_accuracy"),
+                 r.get("test_loss"), r.get("train_examples_per_sec"), r.get("wall_time_s"),
+                 job.error]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _swept_overrides(job: Job, swept: Sequence[str]) -> list[str]:
+    values = override_values(job.overrides)
+    return [f"{k}={values[k]}" for k in swept if k in values] if swept else job.overrides
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+# --------------------------------------------------------------------------- plot
+
+
+def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str]) -> None:
+    """summary.png: one row per swept key (or the job number), test accuracy and examples/sec
+    against it. Uses matplotlib's object API (no pyplot, no GUI backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    keys = list(swept[:MAX_PLOTTED_KEYS]) or ["job"]
+    done = [j for j in jobs if not j.failed]
+    fig = Figure(figsize=(10, 3.4 * len(keys)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(keys), len(PLOTTED), squeeze=False)
+    for row, key in zip(axes, keys, strict=True):
+        xs = [j.num if key == "job" else parse_value(j.override(key)) for j in done]
+        numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+        categories = [] if numeric else sorted({str(x) for x in xs})
+        positions = xs if numeric else [categories.index(str(x)) for x in xs]
+        for ax, (metric, label) in zip(row, PLOTTED, strict=True):
+            points = sorted((x, j.results[metric]) for x, j in zip(positions, done, strict=True)
+                            if _finite(j.results.get(metric)))
+            ax.plot([x for x, _ in points], [y for _, y in points],
+                    "o-" if len(keys) == 1 else "o", color="tab:blue")
+            for x, y in points:
+                ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 6),
+                            ha="center", fontsize=8)
+            ticks = sorted(set(xs)) if numeric else []
+            if ticks and ticks[0] > 0 and ticks[-1] / ticks[0] >= 8:  # batch sizes, rates
+                ax.set_xscale("log")
+                ax.minorticks_off()
+            if numeric and len(ticks) <= 8:
+                ax.set_xticks(ticks, [f"{x:.3g}" for x in ticks])
+            elif not numeric:
+                ax.set_xticks(range(len(categories)), categories)
+            ax.set_xlabel(key)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+    failed = len(jobs) - len(done)
+    fig.suptitle(f"{path.parent}: {len(jobs)} jobs"
+                 + (f" ({failed} failed, not shown)" if failed else ""))
+    fig.savefig(path, dpi=100)
+
+
+# --------------------------------------------------------------------------- TensorBoard
+
+
+def write_hparams(sweep_dir: Path, jobs: Sequence[Job], swept: Sequence[str]) -> None:
+    """TensorBoard HParams: the experiment at the sweep dir, one session per job in
+    <job>/logs/ (beside the loops' train/ and validation/ runs), with the job's hparams
+    (swept overrides, effective batch sizes and learning rate, status) and final metrics.
+
+    Written with tensorboard's own protos and event writer: no TensorFlow import.
+    """
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.plugins.hparams import summary_v2 as hp
+
+    def hparams_of(job: Job) -> dict[str, Any]:
+        values: dict[str, Any] = {k: parse_value(job.override(k)) for k in swept}
+        values.update({k: job.results.get(k) for k in
+                       ("batch_size_per_replica", "global_batch_size", "num_replicas")})
+        values["effective_learning_rate"] = job.results.get("learning_rate")
+        values["status"] = job.status
+        return {k: v for k, v in values.items() if isinstance(v, (bool, int, float, str))}
+
+    sessions = [(job, hparams_of(job)) for job in jobs]
+    names = list(dict.fromkeys(k for _, values in sessions for k in values))
+    metrics = [hp.Metric(m) for m in METRICS]
+    metrics += [hp.Metric("epoch_accuracy", group="validation",
+                          display_name="validation accuracy (per epoch)"),
+                hp.Metric("epoch_loss", group="train", display_name="train loss (per epoch)")]
+    hparams = [hp.HParam(n, _domain(hp, [v[n] for _, v in sessions if n in v])) for n in names]
+    config = hp.hparams_config_pb(hparams=hparams, metrics=metrics)
+    _write_events(sweep_dir, [config], event_pb2)
+    for job, values in sessions:
+        summaries = [hp.hparams_pb(values, trial_id=f"job {job.num}")]
+        summaries += [summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+            tag=m, simple_value=float(job.results[m]))])
+            for m in METRICS if _finite(job.results.get(m))]
+        _write_events(RunDir(job.path).logs, summaries, event_pb2)
+
+
+def _domain(hp: Any, values: Sequence[Any]) -> Any:
+    """A Discrete domain for strings and bools, a RealInterval for numbers, else none."""
+    kinds = {type(v) for v in values}
+    if kinds <= {str} or kinds <= {bool}:
+        return hp.Discrete(sorted(set(values)))
+    if kinds <= {int, float}:
+        return hp.RealInterval(float(min(values)), float(max(values)))
+    return None
+
+
+def _write_events(logdir: Path, summaries: Sequence[Any], event_pb2: Any) -> None:
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    logdir.mkdir(parents=True, exist_ok=True)
+    for old in logdir.glob(f"events.out.tfevents.*{HPARAMS_SUFFIX}"):
+        old.unlink()
+    writer = EventFileWriter(str(logdir), filename_suffix=HPARAMS_SUFFIX)
+    for summary in summaries:
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
+    writer.close()
+
+
+# --------------------------------------------------------------------------- callback
+
+
+class SweepSummary(Callback):
+    """Hydra callback: summarise the multirun into its sweep dir; fail it if a job failed.
+
+    `fail_on_error`: exit with status 1 when a job failed; `plot`: summary.png;
+    `tensorboard`: the HParams event files.
+    """
+
+    def __init__(self, fail_on_error: bool = True, plot: bool = True,
+                 tensorboard: bool = True) -> None:
+        self.fail_on_error = fail_on_error
+        self.plot = plot
+        self.tensorboard = tensorboard
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from hydra.core.utils import configure_log
+
+        # An in-process launcher leaves the last job's logging (and its run.log) in place.
+        configure_log(config.hydra.hydra_logging, config.hydra.verbose)
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
+                                maximize=_maximize(config))
+        if failed and self.fail_on_error:
+            log.error("sweep failed: %d job(s) failed (%s); see %s", len(failed),
+                      ", ".join(f"job {j.num}: {_first_line(j.error)}" for j in failed),
+                      sweep_dir / "summary.md")
+            raise SystemExit(1)
+
+    def summarise(self, sweep_dir: Path, objective: str = "test_accuracy",
+                  maximize: bool = True) -> list[Job]:
+        """Write the summary files; return the failed jobs."""
+        jobs = find_jobs(sweep_dir)
+        if not jobs:
+            log.warning("sweep summary: no job directories under %s", sweep_dir)
+            return []
+        swept = swept_keys(jobs)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        write_csv(sweep_dir / "summary.csv", rows(jobs, swept), COLUMNS + swept)
+        (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
+                                                       maximize))
+        written = ["summary.csv", "summary.md"]
+        extras = []
+        if self.plot:
+            extras.append(("summary.png", lambda: plot(sweep_dir / "summary.png", jobs, swept)))
+        if self.tensorboard:
+            extras.append(("TensorBoard HParams", lambda: write_hparams(sweep_dir, jobs, swept)))
+        for name, write in extras:
+            try:  # a summary without its figure beats no summary
+                write()
+                written.append(name)
+            except Exception as e:  # noqa: BLE001
+                log.warning("sweep summary: could not write %s: %s: %s", name,
+                            type(e).__name__, e)
+        failed = [j for j in jobs if j.failed]
+        log.info("sweep summary (%d jobs, %d failed): %s in %s", len(jobs), len(failed),
+                 ", ".join(written), sweep_dir)
+        return failed
+
+
+def _maximize(config: DictConfig) -> bool:
+    """The Optuna sweeper's direction if there is one; else maximise unless it is a loss."""
+    direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
+    direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum
+    if isinstance(direction, str):
+        return direction == "maximize"
+    return "loss" not in str(config.get("objective") or "")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0][:200] if text.strip() else "failed"

@@ -1,0 +1,229 @@
+"""Multirun sweeps: per-job run dirs, the sweep summary (csv, md, png, TensorBoard HParams),
+failure isolation, in-process determinism, process-per-job launchers and the Optuna search.
+
+(The learning-rate scaling rule itself is unit-tested in test_schedules.py; here the
+effective rate is checked end to end, in the summary.)
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, fast_overrides, run_cli
+from omegaconf import OmegaConf
+
+from distlab.run_dir import RunDir
+from distlab.sweep import COLUMNS, Job, SweepSummary, override_values, parse_value, swept_keys
+
+SHORT = ("trainer.epochs=1", "trainer.steps_per_epoch=2")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _sweep(data_dir: Path, sweep_dir: Path, *args: str, timeout: float = 300):
+    out = run_cli("-m", *fast_overrides(data_dir), *SHORT, *args, f"hydra.sweep.dir={sweep_dir}",
+                  timeout=timeout)
+    return out, out.stdout + out.stderr
+
+
+def _summary(sweep_dir: Path) -> list[dict[str, str]]:
+    with (sweep_dir / "summary.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _results(job_dir: Path) -> dict:
+    results = RunDir(job_dir).read_results()
+    assert results is not None, f"no results.json in {job_dir}"
+    return results
+
+
+def _hparams_events(logdir: Path) -> list:
+    """The summary values of our HParams event files in `logdir`."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    files = sorted(logdir.glob("events.out.tfevents.*.hparams"))
+    assert len(files) == 1, files
+    return [v for e in LegacyEventFileLoader(str(files[0])).Load() for v in e.summary.value]
+
+
+def _session_hparams(values: list) -> dict:
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    for v in values:
+        if v.metadata.plugin_data.plugin_name == "hparams":
+            data = plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)
+            if data.HasField("session_start_info"):
+                return {k: (x.number_value if x.HasField("number_value") else x.string_value)
+                        for k, x in data.session_start_info.hparams.items()}
+    raise AssertionError("no HParams session in the events")
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5000, path
+
+
+# --------------------------------------------------------------------------- fast
+
+
+def _fake_job(sweep_dir: Path, num: int, overrides: list[str], results: dict | None) -> None:
+    job = sweep_dir / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), job / ".hydra/hydra.yaml")
+    OmegaConf.save(OmegaConf.create(overrides), job / ".hydra/overrides.yaml")
+    if results is not None:
+        RunDir(job).write_results(results)
+
+
+def test_overrides_and_swept_keys():
+    assert override_values(["loop=custom", "+seed=3", "dataset.name=mnist"]) == {
+        "loop": "custom", "seed": "3", "dataset.name": "mnist"}
+    assert [parse_value(v) for v in ("32", "1e-3", "False", "null", "mnist")] == [
+        32, 1e-3, False, None, "mnist"]
+    jobs = [Job(n, Path(str(n)), ["loop=custom", f"seed={s}", f"optimizer.learning_rate={lr}"])
+            for n, (s, lr) in enumerate([(1, 0.1), (1, 0.01), (2, 0.1)])]
+    assert swept_keys(jobs) == ["seed", "optimizer.learning_rate"]
+    assert swept_keys(jobs[:1]) == []
+
+
+def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
+    common = ["trainer.epochs=1", "loop=custom"]
+    done = {"status": "completed", "batch_size_per_replica": 32, "global_batch_size": 64,
+            "num_replicas": 2, "learning_rate": 5e-4, "test_accuracy": 0.9, "test_loss": 0.3,
+            "train_examples_per_sec": 1000.0, "wall_time_s": 12.0}
+    _fake_job(tmp_path, 0, [*common, "dataset.batch_size_per_replica=32"], done)
+    _fake_job(tmp_path, 1, [*common, "dataset.batch_size_per_replica=64"],
+              {"status": "failed", "error": "non-finite loss (nan) in epoch 1: lower it",
+               "batch_size_per_replica": 64})
+    _fake_job(tmp_path, 2, [*common, "dataset.batch_size_per_replica=128"], None)  # killed
+
+    failed = SweepSummary().summarise(tmp_path)
+
+    assert [j.num for j in failed] == [1, 2]
+    rows = _summary(tmp_path)
+    assert list(rows[0]) == COLUMNS + ["dataset.batch_size_per_replica"]
+    assert [r["status"] for r in rows] == ["completed", "failed", "missing"]
+    assert rows[0]["learning_rate"] == "0.0005" and rows[0]["global_batch_size"] == "64"
+    assert "non-finite loss" in rows[1]["error"] and "did not finish" in rows[2]["error"]
+    assert [r["dataset.batch_size_per_replica"] for r in rows] == ["32", "64", "128"]
+    md = (tmp_path / "summary.md").read_text()
+    assert "| 1 | dataset.batch_size_per_replica=64 | failed |" in md
+    assert "`loop=custom`" in md and "Best test_accuracy" in md
+    _assert_png(tmp_path / "summary.png")
+    assert _session_hparams(_hparams_events(tmp_path / "0" / "logs"))["status"] == "completed"
+    _hparams_events(tmp_path)  # the experiment config
+    SweepSummary().summarise(tmp_path)  # idempotent: still one HParams file per dir
+    _hparams_events(tmp_path / "1" / "logs")
+
+
+def test_sweep_configs_compose():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        optuna = compose("config", ["hparams_search=optuna"], return_hydra_config=True)
+        assert optuna.hydra.sweeper._target_.endswith("OptunaSweeper")
+        assert set(optuna.hydra.sweeper.params) == {"optimizer.learning_rate",
+                                                    "dataset.batch_size_per_replica"}
+        assert optuna.hydra.sweeper.direction == "maximize" and optuna.objective
+        for launcher in ("joblib", "submitit_local", "submitit_slurm"):
+            cfg = compose("config", [f"hydra/launcher={launcher}"], return_hydra_config=True)
+            assert cfg.hydra.launcher._target_.startswith("hydra_plugins."), launcher
+        assert cfg.hydra.callbacks.sweep_summary._target_ == "distlab.sweep.SweepSummary"
+
+
+# --------------------------------------------------------------------------- slow
+
+
+@pytest.mark.slow
+def test_sweep_writes_job_dirs_and_summary(tiny_data_dir, tmp_path):
+    common = ("deterministic=true", "seed=3", "optimizer.lr_scaling=linear",
+              "optimizer.base_batch_size=64")
+    out, text = _sweep(tiny_data_dir, tmp_path / "s", *common,
+                       "dataset.batch_size_per_replica=32,128")
+    assert out.returncode == 0, text[-3000:]
+    for num, batch in ((0, 32), (1, 128)):
+        job = tmp_path / "s" / str(num)
+        results = _results(job)
+        assert results["status"] == "completed"
+        assert results["global_batch_size"] == batch
+        assert results["learning_rate"] == pytest.approx(1e-3 * batch / 64)
+        for name in (".hydra/config.yaml", "run.log", "history.csv", "checkpoints/checkpoint"):
+            assert (job / name).exists(), name
+        assert f"dataset.batch_size_per_replica={batch}" in (job / ".hydra/overrides.yaml"
+                                                              ).read_text()
+        session = _hparams_events(job / "logs")
+        assert _session_hparams(session)["dataset.batch_size_per_replica"] == batch
+        assert {v.tag: v.simple_value for v in session}["test_accuracy"] == pytest.approx(
+            results["test_accuracy"])
+
+    rows = _summary(tmp_path / "s")
+    assert [(r["job"], r["status"], r["batch_size_per_replica"]) for r in rows] == [
+        ("0", "completed", "32"), ("1", "completed", "128")]
+    assert {"test_accuracy", "test_loss", "train_examples_per_sec", "wall_time_s",
+            "global_batch_size", "learning_rate", "overrides", "error"} <= set(rows[0])
+    assert [float(r["learning_rate"]) for r in rows] == pytest.approx([5e-4, 2e-3])
+    assert "dataset.batch_size_per_replica=128 | completed" in (tmp_path / "s" / "summary.md"
+                                                                 ).read_text()
+    _assert_png(tmp_path / "s" / "summary.png")
+    _hparams_events(tmp_path / "s")
+
+    # deterministic=true: job 1 of the in-process sweep equals the same config run alone
+    alone = tmp_path / "alone"
+    out = run_cli(*fast_overrides(tiny_data_dir), *SHORT, *common,
+                  "dataset.batch_size_per_replica=128", f"hydra.run.dir={alone}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert _results(alone)["test_loss"] == pytest.approx(
+        _results(tmp_path / "s" / "1")["test_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_failed_job_fails_the_sweep_but_not_the_other_jobs(tiny_data_dir, tmp_path):
+    out, text = _sweep(tiny_data_dir, tmp_path, "loop=custom",
+                       "dataset.name=no_such_dataset,mnist")
+    assert out.returncode != 0, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "sweep failed: 1 job(s) failed (job 0: dataset.name='no_such_dataset'" in text
+    assert _results(tmp_path / "1")["status"] == "completed"
+    rows = _summary(tmp_path)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "completed")]
+    assert "no_such_dataset" in rows[0]["error"] and not rows[1]["error"]
+    assert "| 0 | dataset.name=no_such_dataset | failed |" in (tmp_path / "summary.md"
+                                                               ).read_text()
+    _assert_png(tmp_path / "summary.png")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher,options", [
+    ("submitit_local", ["hydra.launcher.timeout_min=10"]),
+    ("joblib", ["hydra.launcher.n_jobs=2"]),
+])
+def test_process_per_job_launcher_sweeps_cpu_devices(launcher, options, tiny_data_dir,
+                                                     tmp_path):
+    # strategy.cpu_devices cannot change inside one process: each job needs its own.
+    out, text = _sweep(tiny_data_dir, tmp_path, f"hydra/launcher={launcher}", *options,
+                       "strategy.cpu_devices=1,2")
+    assert out.returncode == 0, text[-3000:]
+    replicas = [_results(tmp_path / str(n))["num_replicas"] for n in (0, 1)]
+    assert replicas == [1, 2]
+    rows = _summary(tmp_path)
+    assert [(r["num_replicas"], r["global_batch_size"], r["status"]) for r in rows] == [
+        ("1", "64", "completed"), ("2", "128", "completed")]
+    assert (tmp_path / "summary.md").exists() and (tmp_path / "summary.png").exists()
+
+
+@pytest.mark.slow
+def test_optuna_search_runs_trials(tiny_data_dir, tmp_path):
+    out = run_cli(*fast_overrides(tiny_data_dir), *SHORT, "hparams_search=optuna",
+                  "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}")  # no -m needed
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    best = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    rows = _summary(tmp_path)
+    assert len(rows) == 2 and all(r["status"] == "completed" for r in rows)
+    for row in rows:
+        assert 1e-4 <= float(row["optimizer.learning_rate"]) <= 1e-2
+        assert row["dataset.batch_size_per_replica"] in ("32", "64", "128", "256")
+    assert best.best_value == pytest.approx(max(float(r["test_accuracy"]) for r in rows))
+    results = json.loads((tmp_path / "0" / "results.json").read_text())
+    assert results["learning_rate"] == pytest.approx(float(rows[0]["optimizer.learning_rate"]))

@@ -156,11 +156,13 @@ def ensure_prepared(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder
     builder = _builder(name, data_dir)
     if builder.is_prepared():
         return builder
-    where = data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets (tfds default)"
+    where = (f"dataset.data_dir={data_dir}" if data_dir else
+             f"TFDS_DATA_DIR={os.environ['TFDS_DATA_DIR']}" if os.environ.get("TFDS_DATA_DIR")
+             else "~/tensorflow_datasets (dataset.data_dir=null, TFDS_DATA_DIR unset)")
     host = _unreachable_host(builder)
     if host is not None:
         raise DistlabError(
-            f"dataset {name!r} is not prepared in data_dir {where} and its download host {host} "
+            f"dataset {name!r} is not prepared in {where} and its download host {host} "
             f"is unreachable (offline?). Provide the prepared data: set TFDS_DATA_DIR or "
             f"dataset.data_dir to a directory holding {name}/<version>/ (for example "
             f"../shared/tensorflow_datasets), or run once with network access."

@@ -18,12 +18,13 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.data import Data
+from distlab.data import Data, distribute
 from distlab.errors import DistlabError
 from distlab.preemption import Interrupted, StopRequest
 from distlab.run_dir import RunDir
 
 log = logging.getLogger("distlab")
+SUM = tf.distribute.ReduceOp.SUM
 
 
 @dataclass
@@ -158,13 +159,22 @@ def _summary_line(row: dict[str, Any], epochs: int) -> str:
 
 
 class Loop:
-    """Interface of a training loop (the Trainer). Subclasses register in LOOPS."""
+    """Interface of a training loop (the Trainer). Subclasses register in LOOPS.
+
+    Evaluation is shared: both loops measure validation and test figures with the same
+    distributed step (mean per-example loss and accuracy over the whole split).
+    """
 
     writes_scalars = True  # False when the loop's own TensorBoard callback writes them
 
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.controller = Controller(exp, write_scalars=self.writes_scalars)
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=exp.from_logits, reduction=None)
+        if exp.cfg.loop.jit_compile:
+            self._test_step = tf.function(self._test_step, jit_compile=True)
+        self._eval_all = tf.function(self._eval_dataset)
 
     def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
         """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
@@ -173,4 +183,35 @@ class Loop:
 
     def evaluate(self) -> dict[str, float]:
         """{"test_loss", "test_accuracy"} on the test split under the current strategy."""
-        raise NotImplementedError
+        loss_sum, correct, count = self._eval_all(self._distribute(self.exp.data.test)).numpy()
+        return {"test_loss": float(loss_sum / count), "test_accuracy": float(correct / count)}
+
+    def validate_now(self, epoch: int) -> bool:
+        every = self.exp.cfg.trainer.validate_every
+        return bool(every) and (epoch + 1) % every == 0
+
+    # ---- distributed pieces shared by the loops
+    def _distribute(self, dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset:
+        strategy = self.exp.strategy
+        return distribute(strategy, dataset,
+                          self.exp.data.global_batch_size // strategy.num_replicas_in_sync)
+
+    def _batch_stats(self, labels, predictions, per_example_loss):
+        """Per replica: (sum of per-example loss, number correct, number of examples)."""
+        correct = tf.equal(tf.argmax(predictions, axis=-1, output_type=labels.dtype), labels)
+        return (tf.reduce_sum(per_example_loss), tf.reduce_sum(tf.cast(correct, tf.float32)),
+                tf.cast(tf.size(labels), tf.float32))
+
+    def _test_step(self, images, labels):
+        predictions = self.exp.model(images, training=False)
+        return self._batch_stats(labels, predictions, self.loss_fn(labels, predictions))
+
+    def _reduce(self, per_replica) -> tf.Tensor:
+        strategy = self.exp.strategy
+        return tf.stack([strategy.reduce(SUM, v, axis=None) for v in per_replica])
+
+    def _eval_dataset(self, dist_dataset):
+        totals = tf.zeros([3])
+        for images, labels in dist_dataset:
+            totals += self._reduce(self.exp.strategy.run(self._test_step, args=(images, labels)))
+        return totals

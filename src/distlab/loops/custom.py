@@ -16,30 +16,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from distlab.data import distribute
 from distlab.loops.base import Loop
-
-SUM = tf.distribute.ReduceOp.SUM
 
 
 class CustomLoop(Loop):
     def __init__(self, exp) -> None:
         super().__init__(exp)
-        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
-            from_logits=exp.from_logits, reduction=None
-        )
         if exp.cfg.loop.jit_compile:  # XLA per replica step; strategy.run stays outside it
             self._train_step = tf.function(self._train_step, jit_compile=True)
-            self._test_step = tf.function(self._test_step, jit_compile=True)
         self._train_n = tf.function(self._train_n_steps)
-        self._eval_all = tf.function(self._eval_dataset)
 
-    # ---- replica functions: return (sum of per-example loss, correct, count)
-    def _batch_stats(self, labels, predictions, per_example_loss):
-        correct = tf.equal(tf.argmax(predictions, axis=-1, output_type=labels.dtype), labels)
-        return (tf.reduce_sum(per_example_loss), tf.reduce_sum(tf.cast(correct, tf.float32)),
-                tf.cast(tf.size(labels), tf.float32))
-
+    # ---- replica function: returns (sum of per-example loss, correct, count)
     def _train_step(self, images, labels):
         model, exp = self.exp.model, self.exp
         with tf.GradientTape() as tape:
@@ -54,26 +41,12 @@ class CustomLoop(Loop):
         exp.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return self._batch_stats(labels, predictions, per_example_loss)
 
-    def _test_step(self, images, labels):
-        predictions = self.exp.model(images, training=False)
-        return self._batch_stats(labels, predictions, self.loss_fn(labels, predictions))
-
-    # ---- cross-replica functions
-    def _reduce(self, per_replica) -> tf.Tensor:
-        strategy = self.exp.strategy
-        return tf.stack([strategy.reduce(SUM, v, axis=None) for v in per_replica])
-
+    # ---- cross-replica function
     def _train_n_steps(self, iterator, n):
         totals = tf.zeros([3])
         for _ in tf.range(n):
             images, labels = next(iterator)
             totals += self._reduce(self.exp.strategy.run(self._train_step, args=(images, labels)))
-        return totals
-
-    def _eval_dataset(self, dist_dataset):
-        totals = tf.zeros([3])
-        for images, labels in dist_dataset:
-            totals += self._reduce(self.exp.strategy.run(self._test_step, args=(images, labels)))
         return totals
 
     # ---- the loop
@@ -104,17 +77,8 @@ class CustomLoop(Loop):
             train_seconds = time.time() - start
             loss_sum, correct, count = totals
             metrics = {"loss": float(loss_sum / count), "accuracy": float(correct / count)}
-            if trainer.validate_every and (epoch + 1) % trainer.validate_every == 0:
+            if self.validate_now(epoch):
                 test = self.evaluate()
                 metrics.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
             self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds,
                                       steps_run=done - first)
-
-    def _distribute(self, dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset:
-        strategy = self.exp.strategy
-        return distribute(strategy, dataset,
-                          self.exp.data.global_batch_size // strategy.num_replicas_in_sync)
-
-    def evaluate(self) -> dict[str, float]:
-        loss_sum, correct, count = self._eval_all(self._distribute(self.exp.data.test)).numpy()
-        return {"test_loss": float(loss_sum / count), "test_accuracy": float(correct / count)}

@@ -10,36 +10,32 @@ from distlab.loops.base import Loop
 
 
 class _EpochCallback(keras.callbacks.Callback):
-    """Feeds the shared Controller; runs before TensorBoard so it sees examples_per_sec."""
+    """Feeds the shared Controller and adds the validation figures (measured by the loops'
+    shared evaluation) to the logs; runs before TensorBoard, which then writes them all."""
 
     def __init__(self, loop: KerasFitLoop, skip_steps: int = 0) -> None:
         super().__init__()
         self.loop, self.skip_steps = loop, skip_steps
-        self._epoch_start = self._train_end = 0.0
-        self._in_epoch, self._epoch, self._steps = False, 0, 0
+        self._epoch_start, self._epoch, self._steps = 0.0, 0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start, self._train_end, self._in_epoch = time.time(), 0.0, True
-        self._epoch, self._steps = epoch, 0
+        self._epoch_start, self._epoch, self._steps = time.time(), epoch, 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps = batch + 1
         loss = float((logs or {}).get("loss", 0.0))
         self.loop.controller.step_end(self._epoch, self.skip_steps + self._steps, loss)
 
-    def on_test_begin(self, logs=None):  # validation inside fit: the training part ended
-        if self._in_epoch and not self._train_end:
-            self._train_end = time.time()
-
     def on_epoch_end(self, epoch, logs=None):
-        now = time.time()
-        train_end = self._train_end or now
-        self._in_epoch = False
-        row = self.loop.controller.epoch_end(epoch, dict(logs or {}), now - self._epoch_start,
+        logs = logs if logs is not None else {}
+        train_end = time.time()
+        if self.loop.validate_now(epoch):
+            test = self.loop.evaluate()
+            logs.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
+        row = self.loop.controller.epoch_end(epoch, dict(logs), time.time() - self._epoch_start,
                                              train_end - self._epoch_start, self._steps)
-        if logs is not None:  # TensorBoard (next in the list) logs these too
-            logs["learning_rate"] = row["learning_rate"]
-            logs["examples_per_sec"] = row["examples_per_sec"]
+        # TensorBoard (next in the callback list) writes these too
+        logs.update(learning_rate=row["learning_rate"], examples_per_sec=row["examples_per_sec"])
 
 
 class KerasFitLoop(Loop):
@@ -66,15 +62,12 @@ class KerasFitLoop(Loop):
             self._fit(initial_epoch, epochs, steps)
 
     def _fit(self, first: int, end: int, steps: int, skip_steps: int = 0) -> None:
-        exp, trainer = self.exp, self.exp.cfg.trainer
-        validate = trainer.validate_every > 0
+        exp = self.exp
         exp.model.fit(
             exp.data.train_epochs(first, end, skip_steps),
             epochs=end,
             initial_epoch=first,
             steps_per_epoch=steps,
-            validation_data=exp.data.test if validate else None,
-            validation_freq=trainer.validate_every if validate else 1,
             callbacks=[
                 _EpochCallback(self, skip_steps),
                 keras.callbacks.TensorBoard(log_dir=str(exp.run_dir.logs), write_graph=False),
@@ -82,8 +75,3 @@ class KerasFitLoop(Loop):
             verbose=exp.cfg.loop.verbose,
             shuffle=False,  # the stream is already shuffled per epoch (see distlab.data)
         )
-
-    def evaluate(self) -> dict[str, float]:
-        out = self.exp.model.evaluate(self.exp.data.test, return_dict=True,
-                                      verbose=self.exp.cfg.loop.verbose)
-        return {"test_loss": float(out["loss"]), "test_accuracy": float(out["accuracy"])}

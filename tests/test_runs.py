@@ -137,3 +137,21 @@ def test_evaluate_with_missing_checkpoint(run_inprocess, tmp_path):
         run_inprocess("mode=evaluate", f"ckpt_path={tmp_path / 'nothing'}", out=tmp_path / "e")
     results = json.loads((tmp_path / "e" / "results.json").read_text())
     assert "ckpt_path" in results["error"]
+
+
+def test_auto_strategy_mirrors_only_with_several_devices(run_inprocess):
+    one = run_inprocess("strategy=auto", "strategy.cpu_devices=1", "trainer.steps_per_epoch=2",
+                        "trainer.epochs=1")
+    two = run_inprocess("strategy=auto", "strategy.cpu_devices=2", "trainer.steps_per_epoch=2",
+                        "trainer.epochs=1")
+    assert (one["strategy"], one["num_replicas"]) == ("DefaultStrategy", 1)
+    assert (two["strategy"], two["num_replicas"]) == ("MirroredStrategy", 2)
+
+
+def test_steps_per_execution_with_replicas_names_the_upstream_bug(run_inprocess, tmp_path):
+    fast = run_inprocess("strategy=default", "loop.steps_per_execution=4",
+                         "trainer.steps_per_epoch=8", "trainer.epochs=1")
+    assert fast["status"] == "completed"
+    with pytest.raises(SystemExit):
+        run_inprocess("strategy.cpu_devices=2", "loop.steps_per_execution=4", out=tmp_path / "x")
+    assert "keras#19246" in json.loads((tmp_path / "x" / "results.json").read_text())["error"]

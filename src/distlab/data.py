@@ -79,7 +79,7 @@ class Data:
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
         if skip_steps:
             epochs = epochs.skip(skip_steps)
-        return epochs.prefetch(AUTOTUNE)
+        return _no_autotune(epochs.prefetch(AUTOTUNE))
 
 
 def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
@@ -92,6 +92,8 @@ def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
     workers see disjoint examples, every replica steps the same number of times, and the
     global batch is exactly the configured one whatever the number of workers.
     """
+    if _is_default(strategy):  # one replica, no distribution: the plain dataset
+        return dataset
     b = per_replica_batch
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -105,9 +107,25 @@ def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
 
             return tf.data.Dataset.range(local).map(rows)
 
-        return dataset.flat_map(split).prefetch(AUTOTUNE)
+        return _no_autotune(dataset.flat_map(split).prefetch(AUTOTUNE))
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+_DEFAULT_STRATEGY = type(tf.distribute.get_strategy())  # imported outside any scope
+
+
+def _is_default(strategy: tf.distribute.Strategy) -> bool:
+    return type(strategy) is _DEFAULT_STRATEGY
+
+
+def _no_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """No tf.data autotuning thread: deleting an iterator of an autotuned pipeline waits for
+    that thread's next wake-up (up to 60 s); see docs/BENCHMARKS.md and
+    benchmarks/iterator_stall.py. Measured no slower here without it."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
 
 
 def _scale(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -212,7 +230,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     return Data(
         name=cfg.name,
         train=train,
-        test=test.batch(gb).prefetch(AUTOTUNE),
+        test=_no_autotune(test.batch(gb).prefetch(AUTOTUNE)),
         num_train=num_train,
         num_test=num_test,
         input_shape=tuple(image.shape),

@@ -76,6 +76,14 @@ _COMMUNICATION = {
 }
 
 
+@STRATEGIES.register("auto")
+def auto(cfg: DictConfig) -> tf.distribute.Strategy:
+    """MirroredStrategy when there is more than one local device, else no distribution
+    (a 1-replica MirroredStrategy costs ~12% per step here, docs/BENCHMARKS.md)."""
+    devices = _local_devices(cfg)
+    return tf.distribute.MirroredStrategy(devices) if len(devices) > 1 else default(cfg)
+
+
 @STRATEGIES.register("multi_worker_mirrored")
 def multi_worker_mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy from TF_CONFIG or SLURM; must be created before any TF op."""

@@ -6,6 +6,7 @@ import time
 
 import keras
 
+from distlab.errors import DistlabError
 from distlab.loops.base import Loop
 
 
@@ -44,6 +45,13 @@ class KerasFitLoop(Loop):
     def __init__(self, exp) -> None:
         super().__init__(exp)
         cfg = exp.cfg
+        if cfg.loop.steps_per_execution > 1 and exp.strategy.num_replicas_in_sync > 1:
+            raise DistlabError(
+                f"loop.steps_per_execution={cfg.loop.steps_per_execution} fails with "
+                f"{exp.strategy.num_replicas_in_sync} replicas in Keras 3 (keras#19246: 'You "
+                "must feed a value for placeholder tensor'). Use loop.steps_per_execution=1, "
+                "or loop=custom with loop.steps_per_loop for the same effect"
+            )
         with exp.strategy.scope():
             exp.model.compile(
                 optimizer=exp.optimizer,

@@ -1,0 +1,568 @@
+"""Benchmark harness: distlab (`python run.py ...`) against hand-written TensorFlow scripts.
+
+Every figure comes from whole processes run one at a time, *alternating* the variants
+(A B A B ... for two; A B C A B C ... for scans), so that the slow drift of a shared,
+noisy machine hits every variant alike. For each round the ratio of each variant to the
+first is printed; the summary gives medians over rounds.
+
+    export TFDS_DATA_DIR=../shared/tensorflow_datasets
+    python benchmarks/harness.py overhead --pairs 3              # fit tutorial, 2 epochs
+    python benchmarks/harness.py overhead --workload custom_fashion --pairs 3
+    python benchmarks/harness.py tuned --pairs 2                 # 12-epoch tutorial vs tuned
+    python benchmarks/harness.py reference                       # the two reference tables
+    python benchmarks/harness.py scan-steps-per-loop --values 1,10,50,200
+    python benchmarks/harness.py scan-steps-per-execution --values 1,10,50 --strategy default
+    python benchmarks/harness.py fit-vs-custom --pairs 2
+    python benchmarks/harness.py candidates --rounds 2 --epochs 2   # tuned-preset candidates
+    python benchmarks/harness.py startup --reps 5                # python run.py --cfg job
+    python benchmarks/harness.py --repo A compare-repos --repo-b B experiment=...  # A/B code
+
+Per run: wall time of the whole process (start-up, TensorFlow import, training,
+evaluation, export), peak resident memory of the process (`os.wait4` rusage), the run's
+own `results.json` (test accuracy, in-loop `train_examples_per_sec`, time to first step)
+and end-to-end examples/sec (training examples / whole-process wall time). Each run gets
+its own directory under --out (distlab: `hydra.run.dir`; baselines: `--out`), with the
+process's console output in `<run dir>.log`. Results also go to `<out>/<command>.json`
+and `<out>/<command>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
+NUM_TRAIN = {"mnist": 60000, "fashion_mnist": 60000}
+QUIET = "loop.verbose=2"  # one line per epoch: no progress-bar cost or noise
+
+
+@dataclass
+class Variant:
+    """One command to time. `kind` is "distlab" (run.py + overrides) or "script" (argv)."""
+
+    name: str
+    kind: str
+    args: list[str]
+    dataset: str = "mnist"
+    repo: str | None = None  # another checkout's run.py (compare-repos)
+
+    def argv(self, run_dir: Path, repo: Path) -> list[str]:
+        if self.kind == "distlab":
+            run_py = Path(self.repo or repo) / "run.py"
+            return [sys.executable, str(run_py), *self.args, f"hydra.run.dir={run_dir}"]
+        return [sys.executable, *self.args, "--out", str(run_dir)]
+
+
+@dataclass
+class Record:
+    variant: str
+    round: int
+    returncode: int
+    wall_s: float
+    peak_rss_mib: float
+    results: dict[str, Any] = field(default_factory=dict)
+    run_dir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and self.results.get("status", "completed") == "completed"
+
+    def get(self, key: str) -> Any:
+        return self.results.get(key)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_once(variant: Variant, run_dir: Path, repo: Path, env: dict[str, str],
+             round_: int, timeout: float) -> Record:
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = run_dir.with_name(run_dir.name + ".log")
+    argv = variant.argv(run_dir, repo)
+    with log.open("w") as out:
+        out.write(" ".join(argv) + "\n")
+        out.flush()
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=variant.repo or repo, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+        deadline = start + timeout
+        while True:  # wait4 gives this child's own rusage (peak RSS)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                pid, status, usage = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+        wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    results = {}
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        pass
+    epochs = results.get("epochs_completed") or 0
+    results["e2e_examples_per_sec"] = epochs * NUM_TRAIN.get(variant.dataset, 0) / wall
+    if variant.kind == "distlab":
+        results["end_gap_s"] = end_gap(run_dir / "run.log")
+    return Record(variant.name, round_, proc.returncode, wall, usage.ru_maxrss / 1024, results,
+                  str(run_dir))
+
+
+def end_gap(run_log: Path) -> float | None:
+    """Seconds from the last epoch's summary line to the test-evaluation line in run.log.
+
+    The evaluation itself takes well under a second here; the rest is the tf.data iterator
+    deletion stall at the end of training (docs/BENCHMARKS.md, "Where the time goes").
+    """
+    last_epoch = test = None
+    try:
+        lines = run_log.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        match = re.match(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]", line)
+        if not match:
+            continue
+        stamp = time.mktime(time.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + int(match[2]) / 1e3
+        if re.search(r"\] - epoch (\d+)/\1 - ", line):
+            last_epoch = stamp
+        elif " - test_loss " in line and last_epoch is not None:
+            test = stamp
+    return test - last_epoch if test is not None and last_epoch is not None else None
+
+
+def alternate(variants: list[Variant], rounds: int, out: Path, repo: Path,
+              env: dict[str, str], timeout: float, tag: str) -> list[Record]:
+    """Rounds of A B (C ...); prints each run and each round's ratios to the first."""
+    records: list[Record] = []
+    for r in range(1, rounds + 1):
+        this_round = []
+        for v in variants:
+            run_dir = out / tag / f"r{r}_{_slug(v.name)}"
+            rec = run_once(v, run_dir, repo, env, r, timeout)
+            records.append(rec)
+            this_round.append(rec)
+            print(f"[{tag}] round {r} {v.name}: {_describe(rec)}", flush=True)
+        first = this_round[0]
+        if first.ok:
+            ratios = ", ".join(f"{x.variant}/{first.variant} = {x.wall_s / first.wall_s:.3f}"
+                               for x in this_round[1:] if x.ok)
+            print(f"[{tag}] round {r} wall-time ratios: {ratios}", flush=True)
+    return records
+
+
+def _describe(rec: Record) -> str:
+    if not rec.ok:
+        return f"FAILED (exit {rec.returncode}; see {rec.run_dir}.log)"
+    acc = rec.get("test_accuracy")
+    eps = rec.get("train_examples_per_sec")
+    return (f"wall {rec.wall_s:.1f} s, peak RSS {rec.peak_rss_mib:.0f} MiB, "
+            f"test_accuracy {acc:.4f}, train {eps:.0f} ex/s, "
+            f"end-to-end {rec.get('e2e_examples_per_sec'):.0f} ex/s"
+            + (f", end gap {rec.get('end_gap_s'):.1f} s" if rec.get("end_gap_s") is not None
+               else ""))
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(records: list[Record], variants: list[Variant]) -> list[dict[str, Any]]:
+    """One row per variant: medians over rounds and the median of per-round ratios."""
+    base = variants[0].name
+    by_round: dict[int, dict[str, Record]] = {}
+    for rec in records:
+        by_round.setdefault(rec.round, {})[rec.variant] = rec
+    rows = []
+    for v in variants:
+        mine = [r for r in records if r.variant == v.name]
+        good = [r for r in mine if r.ok]
+        ratios = [rnd[v.name].wall_s / rnd[base].wall_s for rnd in by_round.values()
+                  if v.name in rnd and base in rnd and rnd[v.name].ok and rnd[base].ok]
+        rows.append({
+            "variant": v.name,
+            "runs": len(mine),
+            "failed": len(mine) - len(good),
+            "median_wall_s": _median([r.wall_s for r in good]),
+            "ratio_to_first_per_round": [round(x, 4) for x in ratios],
+            "median_ratio_to_first": _median(ratios),
+            "median_train_examples_per_sec": _median(
+                [r.get("train_examples_per_sec") for r in good]),
+            "median_e2e_examples_per_sec": _median([r.get("e2e_examples_per_sec") for r in good]),
+            "median_peak_rss_mib": _median([r.peak_rss_mib for r in good]),
+            "median_time_to_first_step_s": _median([r.get("time_to_first_step_s") for r in good]),
+            "end_gap_s": [r.get("end_gap_s") for r in good],
+            "test_accuracy": [r.get("test_accuracy") for r in good],
+        })
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], variants: list[Variant], title: str,
+             meta: dict[str, Any]) -> str:
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    lines = [f"### {title}", "",
+             f"{meta['date']} - {meta['cpu']} ({meta['cores']} cores) - distlab "
+             f"{meta['repo_state']}", "",
+             "| variant | runs | median wall (s) | wall / first, per round | median ratio | "
+             "train ex/s | end-to-end ex/s | peak RSS (MiB) | first step (s) | end gap (s) | "
+             "test acc |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        accs = ", ".join(f"{a:.4f}" for a in row["test_accuracy"] if a is not None) or "-"
+        per_round = ", ".join(f"{x:.3f}" for x in row["ratio_to_first_per_round"]) or "-"
+        gaps = ", ".join(f"{g:.1f}" for g in row["end_gap_s"] if g is not None) or "-"
+        failed = f" ({row['failed']} failed)" if row["failed"] else ""
+        lines.append(
+            f"| {row['variant']} | {row['runs']}{failed} | {fmt(row['median_wall_s'], '.1f')} | "
+            f"{per_round} | {fmt(row['median_ratio_to_first'], '.3f')} | "
+            f"{fmt(row['median_train_examples_per_sec'], '.0f')} | "
+            f"{fmt(row['median_e2e_examples_per_sec'], '.0f')} | "
+            f"{fmt(row['median_peak_rss_mib'], '.0f')} | "
+            f"{fmt(row['median_time_to_first_step_s'], '.1f')} | {gaps} | {accs} |")
+    lines += ["", "Commands (run dir / --out added per run):", ""]
+    for v in variants:
+        cmd = (["python", "run.py", *v.args] if v.kind == "distlab"
+               else ["python", *(_rel(x) for x in v.args)])
+        lines.append(f"- {v.name}: `{' '.join(cmd)}`")
+    return "\n".join(lines) + "\n"
+
+
+def _rel(arg: str) -> str:
+    """A path under this checkout, shown relative to it (as the commands are run)."""
+    try:
+        return str(Path(arg).relative_to(ROOT)) if Path(arg).is_absolute() else arg
+    except ValueError:
+        return arg
+
+
+def machine_meta(repo: Path) -> dict[str, Any]:
+    state = "unknown"
+    if (repo / "SNAPSHOT").is_file():  # a copy made with `git archive` (see docs/BENCHMARKS.md)
+        return {**_meta_base(), "repo": str(repo),
+                "repo_state": (repo / "SNAPSHOT").read_text().strip()}
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo,
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=repo, capture_output=True, text=True).stdout.strip()
+        state = f"{head}{' + uncommitted changes' if dirty else ''}" if head else "not a git tree"
+    except OSError:
+        pass
+    return {**_meta_base(), "repo": str(repo), "repo_state": state}
+
+
+def _meta_base() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "cpu": cpu, "cores": os.cpu_count(),
+            "python": platform.python_version()}
+
+
+def report(name: str, title: str, records: list[Record], variants: list[Variant],
+           out: Path, meta: dict[str, Any], extra: dict[str, Any] | None = None) -> list[dict]:
+    rows = summarize(records, variants)
+    text = markdown(rows, variants, title, meta)
+    print("\n" + text, flush=True)
+    (out / f"{name}.md").write_text(text)
+    payload = {"meta": meta, "title": title, "summary": rows, **(extra or {}),
+               "variants": [v.__dict__ for v in variants],
+               "runs": [{**r.__dict__, "ok": r.ok} for r in records]}
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2, default=str))
+    return rows
+
+
+def rebuild(out: Path, name: str) -> None:
+    """Re-summarise saved runs (e.g. after adding a column), without running anything."""
+    payload = json.loads((out / f"{name}.json").read_text())
+    variants = [Variant(**v) for v in payload["variants"]]
+    kinds = {v.name: v.kind for v in variants}
+    records = []
+    for r in payload["runs"]:
+        r = {k: v for k, v in r.items() if k != "ok"}
+        rec = Record(**r)
+        if kinds.get(rec.variant) == "distlab":
+            rec.results["end_gap_s"] = end_gap(Path(rec.run_dir) / "run.log")
+        records.append(rec)
+    report(name, payload["title"], records, variants, out, payload["meta"])
+
+
+# --------------------------------------------------------------------------- commands
+
+KERAS_BASELINE = str(BENCH / "baseline_keras_mnist.py")
+CUSTOM_BASELINE = str(BENCH / "baseline_custom_fashion.py")
+
+
+def overhead_variants(a: argparse.Namespace) -> list[Variant]:
+    e = a.epochs
+    if a.workload == "keras_mnist":
+        # distlab validates on the test split every epoch (trainer.validate_every=1), so
+        # the equivalent script does too; trainer.export=false <-> no --export.
+        return [Variant("script", "script", [KERAS_BASELINE, "--epochs", str(e),
+                                             "--validate-every", "1", "--verbose", "2"]),
+                Variant("distlab", "distlab", ["experiment=tutorial_keras_mnist",
+                                               f"trainer.epochs={e}", "trainer.export=false",
+                                               QUIET])]
+    return [Variant("script", "script", [CUSTOM_BASELINE, "--epochs", str(e)], "fashion_mnist"),
+            Variant("distlab", "distlab", ["experiment=tutorial_custom_fashion",
+                                           f"trainer.epochs={e}", "trainer.export=false", QUIET],
+                    "fashion_mnist")]
+
+
+def tuned_variants(a: argparse.Namespace) -> list[Variant]:
+    # The tutorial as written: no per-epoch validation, SavedModel export; the tuned preset
+    # also exports (trainer.export=true) and evaluates at the end.
+    return [Variant("script (tutorial)", "script",
+                    [KERAS_BASELINE, "--epochs", str(a.epochs), "--export", "--verbose", "2"]),
+            Variant("distlab tuned", "distlab", ["experiment=tutorial_keras_mnist_tuned",
+                                                 f"trainer.epochs={a.epochs}", *a.extra])]
+
+
+def reference_variants(a: argparse.Namespace) -> list[Variant]:
+    return [Variant("tutorial_keras_mnist", "distlab", ["experiment=tutorial_keras_mnist", QUIET]),
+            Variant("tutorial_custom_fashion", "distlab",
+                    ["experiment=tutorial_custom_fashion", QUIET], "fashion_mnist")]
+
+
+def scan_variants(a: argparse.Namespace, key: str, loop: str) -> list[Variant]:
+    common = [f"loop={loop}", f"strategy={a.strategy}", f"trainer.epochs={a.epochs}",
+              "trainer.export=false", f"trainer.validate_every={a.validate_every}", QUIET,
+              *a.extra]
+    return [Variant(f"{key}={v}", "distlab", [*common, f"loop.{key}={v}"])
+            for v in a.values.split(",")]
+
+
+def fit_vs_custom_variants(a: argparse.Namespace) -> list[Variant]:
+    common = [f"dataset={a.dataset}", f"model={a.model}", f"strategy={a.strategy}",
+              f"trainer.epochs={a.epochs}", "trainer.export=false",
+              f"trainer.validate_every={a.validate_every}", QUIET, *a.extra]
+    return [Variant("loop=keras_fit", "distlab", ["loop=keras_fit", *common], a.dataset),
+            Variant("loop=custom", "distlab", ["loop=custom", *common], a.dataset)]
+
+
+def compare_repos_variants(a: argparse.Namespace, repo: Path) -> list[Variant]:
+    """The same distlab command in two checkouts (e.g. a framework change against HEAD)."""
+    args = [*a.overrides, QUIET] if a.quiet else list(a.overrides)
+    return [Variant(f"A {repo}", "distlab", args, a.dataset, str(repo)),
+            Variant(f"B {a.repo_b.resolve()}", "distlab", args, a.dataset,
+                    str(a.repo_b.resolve()))]
+
+
+# Candidates for experiment=tutorial_keras_mnist_tuned, each on top of the reference preset.
+CANDIDATES = {
+    "reference": [],
+    "default": ["strategy=default"],
+    "one_device": ["strategy=one_device"],
+    "default+val0": ["strategy=default", "trainer.validate_every=0"],
+    "default+val0+spe10": ["strategy=default", "trainer.validate_every=0",
+                           "loop.steps_per_execution=10"],
+    "default+val0+spe50": ["strategy=default", "trainer.validate_every=0",
+                           "loop.steps_per_execution=50"],
+    "default+val0+spe200": ["strategy=default", "trainer.validate_every=0",
+                            "loop.steps_per_execution=200"],
+    "default+val0+spe50+xla": ["strategy=default", "trainer.validate_every=0",
+                               "loop.steps_per_execution=50", "loop.jit_compile=true"],
+    "mirrored+val0+spe50": ["trainer.validate_every=0", "loop.steps_per_execution=50"],
+    "custom+default+val0+spl50": ["loop=custom", "strategy=default", "trainer.validate_every=0",
+                                  "loop.steps_per_loop=50"],
+    "custom+default+val0+spl200": ["loop=custom", "strategy=default", "trainer.validate_every=0",
+                                   "loop.steps_per_loop=200"],
+}
+
+
+def candidate_variants(a: argparse.Namespace) -> list[Variant]:
+    names = a.names.split(",") if a.names else list(CANDIDATES)
+    export = "true" if a.export else "false"
+    variants = [Variant(n, "distlab", ["experiment=tutorial_keras_mnist",
+                                       f"trainer.epochs={a.epochs}", f"trainer.export={export}",
+                                       QUIET, *CANDIDATES[n], *a.extra])
+                for n in names]
+    if a.with_script:  # the hand-written tutorial first: ratios are then to the script
+        script = [KERAS_BASELINE, "--epochs", str(a.epochs), "--verbose", "2"]
+        variants.insert(0, Variant("script (tutorial)", "script",
+                                   script + (["--export"] if a.export else [])))
+    return variants
+
+
+def startup(a: argparse.Namespace, repo: Path, env: dict[str, str], out: Path,
+            meta: dict[str, Any]) -> None:
+    """`python run.py --cfg job`: wall time, and whether TensorFlow got imported."""
+    probe = ("import runpy, sys; sys.argv = ['run.py', '--cfg', 'job']\n"
+             "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('TF_IMPORTED', 'tensorflow' in sys.modules, file=sys.stderr)")
+    check = subprocess.run([sys.executable, "-c", probe], cwd=repo, env=env, capture_output=True,
+                           text=True)
+    imported = "TF_IMPORTED True" in check.stderr
+    times = []
+    for _ in range(a.reps):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "run.py", "--cfg", "job"], cwd=repo, env=env,
+                              capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        if proc.returncode:
+            sys.exit(f"python run.py --cfg job failed:\n{proc.stderr[-2000:]}")
+    text = (f"### python run.py --cfg job\n\n{meta['date']} - {meta['cpu']} ({meta['cores']} "
+            f"cores) - distlab {meta['repo_state']}\n\n"
+            "| runs | median (s) | min (s) | max (s) | imports TensorFlow |\n"
+            "|---|---|---|---|---|\n"
+            f"| {a.reps} | {statistics.median(times):.2f} | {min(times):.2f} | "
+            f"{max(times):.2f} | {'yes' if imported else 'no'} |\n")
+    print(text)
+    (out / "startup.md").write_text(text)
+    (out / "startup.json").write_text(json.dumps(
+        {"meta": meta, "times_s": times, "imports_tensorflow": imported}, indent=2))
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=None,
+                   help="results and run dirs (default: a new temp dir)")
+    p.add_argument("--repo", type=Path, default=ROOT,
+                   help="distlab checkout whose run.py is timed (default: this one)")
+    p.add_argument("--data-dir", default=None,
+                   help="TFDS_DATA_DIR for every run (default: $TFDS_DATA_DIR, else "
+                        "../shared/tensorflow_datasets next to the repo)")
+    p.add_argument("--timeout", type=float, default=3600, help="per-run limit, seconds")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("overhead", help="hand-written script vs distlab, same settings")
+    s.add_argument("--workload", choices=["keras_mnist", "custom_fashion"], default="keras_mnist")
+    s.add_argument("--pairs", type=int, default=3)
+    s.add_argument("--epochs", type=int, default=2)
+
+    s = sub.add_parser("tuned", help="the tutorial script vs experiment=tutorial_keras_mnist_tuned")
+    s.add_argument("--pairs", type=int, default=2)
+    s.add_argument("--epochs", type=int, default=12)
+    s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
+
+    s = sub.add_parser("reference", help="the two reference presets, full length")
+    s.add_argument("--rounds", type=int, default=1)
+
+    for name, key, loop in [("scan-steps-per-loop", "steps_per_loop", "custom"),
+                            ("scan-steps-per-execution", "steps_per_execution", "keras_fit")]:
+        s = sub.add_parser(name, help=f"loop={loop} over loop.{key} values")
+        s.add_argument("--values", default="1,10,50,200")
+        s.add_argument("--strategy", default="default" if loop == "keras_fit" else "mirrored")
+        s.add_argument("--epochs", type=int, default=2)
+        s.add_argument("--validate-every", type=int, default=0)
+        s.add_argument("--rounds", type=int, default=2)
+        s.add_argument("extra", nargs="*", help="extra overrides for every run")
+
+    s = sub.add_parser("fit-vs-custom", help="loop=keras_fit vs loop=custom, equal settings")
+    s.add_argument("--pairs", type=int, default=2)
+    s.add_argument("--epochs", type=int, default=2)
+    s.add_argument("--dataset", default="mnist")
+    s.add_argument("--model", default="mnist_cnn")
+    s.add_argument("--strategy", default="mirrored")
+    s.add_argument("--validate-every", type=int, default=1)
+    s.add_argument("extra", nargs="*", help="extra overrides for both")
+
+    s = sub.add_parser("candidates", help="tuned-preset candidates on the reference preset")
+    s.add_argument("--names", default="", help=f"comma list of: {', '.join(CANDIDATES)}")
+    s.add_argument("--rounds", type=int, default=2)
+    s.add_argument("--epochs", type=int, default=2)
+    s.add_argument("--export", action="store_true", help="trainer.export=true (and the script's)")
+    s.add_argument("--with-script", action="store_true",
+                   help="add the hand-written tutorial script (no validation) as the first variant")
+    s.add_argument("extra", nargs="*", help="extra overrides for every candidate")
+
+    s = sub.add_parser("compare-repos", help="one distlab command, --repo (A) vs --repo-b (B)")
+    s.add_argument("--repo-b", type=Path, required=True)
+    s.add_argument("--pairs", type=int, default=3)
+    s.add_argument("--dataset", default="mnist", help="for end-to-end examples/sec")
+    s.add_argument("--no-quiet", dest="quiet", action="store_false",
+                   help="do not add loop.verbose=2")
+    s.add_argument("overrides", nargs="*", help="run.py overrides for both")
+
+    s = sub.add_parser("rebuild", help="rewrite <out>/<name>.md from <out>/<name>.json")
+    s.add_argument("name", help="overhead, tuned, reference, candidates, ...")
+
+    s = sub.add_parser("startup", help="python run.py --cfg job")
+    s.add_argument("--reps", type=int, default=5)
+
+    a = p.parse_args(argv)
+    out = (a.out or Path(tempfile.mkdtemp(prefix="distlab-bench-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    repo = a.repo.resolve()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    data_dir = a.data_dir or os.environ.get("TFDS_DATA_DIR")
+    if not data_dir and (ROOT.parent / "shared" / "tensorflow_datasets").is_dir():
+        data_dir = str(ROOT.parent / "shared" / "tensorflow_datasets")
+    if data_dir:
+        env["TFDS_DATA_DIR"] = str(Path(data_dir).resolve())
+    meta = machine_meta(repo)
+    meta["command"] = " ".join(["python", "benchmarks/harness.py", *(argv or sys.argv[1:])])
+    print(f"out: {out}\n{json.dumps(meta)}", flush=True)
+
+    if a.command == "startup":
+        startup(a, repo, env, out, meta)
+        return
+    if a.command == "rebuild":
+        rebuild(out, a.name)
+        return
+    if a.command == "overhead":
+        variants, rounds = overhead_variants(a), a.pairs
+        title = f"Overhead: {a.workload}, {a.epochs} epochs, distlab vs hand-written script"
+    elif a.command == "tuned":
+        variants, rounds = tuned_variants(a), a.pairs
+        title = f"Tuned preset vs the hand-written tutorial script, {a.epochs} epochs"
+    elif a.command == "reference":
+        variants, rounds = reference_variants(a), a.rounds
+        title = "Reference workloads (full length)"
+    elif a.command == "scan-steps-per-loop":
+        variants, rounds = scan_variants(a, "steps_per_loop", "custom"), a.rounds
+        title = f"loop=custom, strategy={a.strategy}: loop.steps_per_loop scan, {a.epochs} epochs"
+    elif a.command == "scan-steps-per-execution":
+        variants, rounds = scan_variants(a, "steps_per_execution", "keras_fit"), a.rounds
+        title = (f"loop=keras_fit, strategy={a.strategy}: loop.steps_per_execution scan, "
+                 f"{a.epochs} epochs")
+    elif a.command == "compare-repos":
+        variants, rounds = compare_repos_variants(a, repo), a.pairs
+        title = f"The same command in two checkouts: {' '.join(a.overrides)}"
+    elif a.command == "fit-vs-custom":
+        variants, rounds = fit_vs_custom_variants(a), a.pairs
+        title = (f"fit vs custom: {a.dataset}/{a.model}, strategy={a.strategy}, {a.epochs} "
+                 f"epochs, validate_every={a.validate_every}")
+    else:
+        variants, rounds = candidate_variants(a), a.rounds
+        title = (f"Tuned-preset candidates, {a.epochs} epochs "
+                 "(each on experiment=tutorial_keras_mnist)")
+    records = alternate(variants, rounds, out, repo, env, a.timeout, a.command)
+    report(a.command, title, records, variants, out, meta)
+    if any(not r.ok for r in records):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -53,10 +53,6 @@ class Data:
             return self.num_train
         return self.steps_per_epoch * self.global_batch_size
 
-    @property
-    def test_steps(self) -> int:
-        return math.ceil(self.num_test / self.global_batch_size)
-
     def train_epochs(self, first_epoch: int, end_epoch: int,
                      skip_steps: int = 0) -> tf.data.Dataset:
         """Epochs [first_epoch, end_epoch) back to back, each exactly steps_per_epoch batches.

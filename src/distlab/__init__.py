@@ -131,7 +131,6 @@ def rerun_refusal(run_dir: RunDir, config: dict[str, Any]) -> str | None:
     started_with = run_dir.started_config()
     if started_with is None:
         return None
-    where = f"{run_dir.path} holds a run started with another config"
     if config.get("mode") == "evaluate":
         return (f"{run_dir.path} holds a training run; mode=evaluate would overwrite its "
                 "results. Give the evaluation its own hydra.run.dir")
@@ -141,7 +140,8 @@ def rerun_refusal(run_dir: RunDir, config: dict[str, Any]) -> str | None:
     shown = ", ".join(f"{k} ({_get(started_with, k)!r} -> {_get(config, k)!r})"
                       for k in changed[:6])
     more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
-    return (f"{where}: {shown}{more}. Rerun with its values to resume it (only trainer.epochs "
+    return (f"{run_dir.path} holds a run started with another config: {shown}{more}. "
+            "Rerun with its values to resume it (only trainer.epochs "
             "and reporting keys may change), or choose a new hydra.run.dir")
 
 

@@ -86,7 +86,7 @@ class RunDir:
     def truncate_history(self, epochs: int) -> None:
         """Drop rows after epoch `epochs` (epochs a resumed run trains again)."""
         rows = self.read_history()
-        if len(rows) <= epochs and all(int(r["epoch"]) <= epochs for r in rows):
+        if all(int(r["epoch"]) <= epochs for r in rows):
             return
         tmp = self.history_csv.with_name("history.csv.tmp")
         with tmp.open("w", newline="") as f:

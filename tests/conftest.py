@@ -21,12 +21,12 @@ TINY_TRAIN, TINY_TEST = 512, 192
 
 
 def pytest_configure(config):
-    """Two logical CPUs for the whole session (must happen before any TF op), so in-process
-    tests can use strategy.cpu_devices=1 or 2."""
+    """Three logical CPUs for the whole session (must happen before any TF op), so in-process
+    tests can use strategy.cpu_devices=1, 2 or 3."""
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
 
 
 def _write_tiny(name: str, data_dir: Path) -> None:

@@ -77,6 +77,12 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         run_dir.check_writable()
         config = OmegaConf.to_container(cfg, resolve=True)
         refusal = rerun_refusal(run_dir, config)
+        if refusal and cfg.mode == "train" and not run_dir.has_checkpoints():
+            # nothing trained is on disk (e.g. a NaN at step 4): the new config may start over
+            kept = run_dir.archive_attempt()
+            log.info("%s held an attempt with another config and no checkpoint; it is kept in "
+                     "%s and this run starts afresh", run_dir.path, kept)
+            refusal = None
         if refusal:
             run_dir.restore_hydra()  # leave the directory exactly as it was
             print(f"error: {refusal}", file=sys.stderr)  # not logged: run.log stays as it was

@@ -188,6 +188,10 @@ def register_configs() -> None:
 
 Check = tuple[str, Callable[[Any], bool], str]
 
+# numeric results.json fields a run writes, which `objective` may name for sweepers
+OBJECTIVES = ("test_accuracy", "test_loss", "train_examples_per_sec", "wall_time_s",
+              "time_to_first_step_s", "epochs_completed")
+
 _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 
@@ -228,8 +232,17 @@ CHECKS: list[Check] = [
     ("loop.steps_per_loop", *_POSITIVE),
     ("loop.verbose", lambda v: v in (0, 1, 2), "must be 0, 1 or 2"),
     ("mode", lambda v: v in ("train", "evaluate"), "must be train or evaluate"),
-    ("objective", lambda v: bool(v), "must name a results.json field"),
+    ("seed", lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
+    ("objective", lambda v: v in OBJECTIVES,
+     "must name a numeric results.json field: " + ", ".join(OBJECTIVES)),
 ]
+
+
+JIT_ON_LOGICAL_CPUS = (
+    "loop.jit_compile=true cannot run on several logical CPU devices (strategy.cpu_devices>1): "
+    "XLA compiles for the one physical CPU and cannot reach the other replicas' variables. "
+    "Use jit_compile with one CPU replica (strategy=default or strategy.cpu_devices=1) or "
+    "on GPUs, or set loop.jit_compile=false")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -252,6 +265,8 @@ def validate(cfg: DictConfig) -> None:
             "loop=keras_fit cannot run under strategy=multi_worker_mirrored: Keras 3's fit fails "
             "there (keras#20585, 'Attempt to convert a value (PerReplica...)'). Use loop=custom"
         )
+    if cfg.loop.jit_compile and (OmegaConf.select(cfg, "strategy.cpu_devices") or 1) > 1:
+        raise ConfigError(JIT_ON_LOGICAL_CPUS)
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
 

@@ -78,34 +78,55 @@ class Data:
         return _no_autotune(epochs.prefetch(AUTOTUNE))
 
 
-def distribute(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset,
-               per_replica_batch: int) -> tf.distribute.DistributedDataset:
-    """Distribute `dataset` (batched by the global batch) with distribute_datasets_from_function.
+def distribute(strategy: tf.distribute.Strategy,
+               dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset | tf.data.Dataset:
+    """Split every global batch of `dataset` over the replicas: (features, labels, weights).
 
-    Replica k of the whole cluster gets rows [k*b, (k+1)*b) of every global batch, with
-    b = `per_replica_batch` (a short or empty slice in a short last batch). Every input
-    pipeline (worker) reads the same stream and keeps only its own replicas' rows, so
-    workers see disjoint examples, every replica steps the same number of times, and the
-    global batch is exactly the configured one whatever the number of workers.
+    A global batch of n rows is split evenly and in order: replica k of the R replicas of
+    the whole cluster gets rows [k*q + min(k, r), ...) of length q + (k < r), with
+    q, r = divmod(n, R). A full batch therefore gives every replica its configured batch,
+    and a short last batch gives each at least one real row when n >= R; a replica left
+    without real rows (n < R) gets one padding row of weight 0, so no layer ever sees an
+    empty batch. Real rows weigh n_k * R / n, so that "sum over the replica's rows / (n_k *
+    R)" (Keras' sum_over_batch_size with its 1/R scaling, and tf.nn.compute_average_loss)
+    summed over replicas is the plain mean over the n real rows: a short batch averages
+    over its real examples, as single-device training does. Weight > 0 marks a real row
+    for metrics. Every worker reads the same stream and keeps its own replicas' rows.
     """
     if _is_default(strategy):  # one replica, no distribution: the plain dataset
-        return dataset
-    b = per_replica_batch
+        return dataset.map(_whole_batch, num_parallel_calls=AUTOTUNE)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        local = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        replicas = ctx.num_replicas_in_sync
+        local = replicas // ctx.num_input_pipelines
         first = ctx.input_pipeline_id * local
 
-        def split(images: tf.Tensor, labels: tf.Tensor) -> tf.data.Dataset:
-            def rows(r: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-                start = (first + tf.cast(r, tf.int32)) * b
-                return images[start:start + b], labels[start:start + b]
-
-            return tf.data.Dataset.range(local).map(rows)
+        def split(features, labels) -> tf.data.Dataset:
+            return tf.data.Dataset.range(first, first + local).map(
+                lambda k: replica_rows((features, labels), k, replicas))
 
         return _no_autotune(dataset.flat_map(split).prefetch(AUTOTUNE))
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def replica_rows(batch, k: tf.Tensor, replicas: int):
+    """(features, labels, weights): replica `k`'s even share of a global `batch` (see
+    `distribute`)."""
+    n = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+    q, r = n // replicas, n % replicas
+    size = q + tf.cast(k < r, tf.int64)
+    real = size > 0
+    start = tf.where(real, k * q + tf.minimum(k, r), 0)
+    size = tf.maximum(size, 1)
+    weight = tf.where(real, tf.cast(size * replicas, tf.float32) / tf.cast(n, tf.float32), 0.0)
+    features, labels = tf.nest.map_structure(lambda t: t[start:start + size], batch)
+    return features, labels, tf.fill([size], weight)
+
+
+def _whole_batch(features, labels):
+    n = tf.shape(tf.nest.flatten(labels)[0])[0]
+    return features, labels, tf.ones([n], tf.float32)
 
 
 _DEFAULT_STRATEGY = type(tf.distribute.get_strategy())  # imported outside any scope

@@ -74,6 +74,21 @@ class RunDir:
         if self._hydra_snapshot.is_dir():
             shutil.copytree(self._hydra_snapshot, self.path / ".hydra", dirs_exist_ok=True)
 
+    def has_checkpoints(self) -> bool:
+        return any(self.checkpoints.glob("ckpt-*.index"))
+
+    def archive_attempt(self) -> Path:
+        """Move an earlier attempt's record (config, results, history, TensorBoard logs) to
+        .distlab/attempts/<n>/, so a new config can start afresh without losing it."""
+        attempts = self.path / ".distlab" / "attempts"
+        n = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
+        target = attempts / str(n)
+        target.mkdir(parents=True)
+        for source in (self.started_config_yaml, self.results_json, self.history_csv, self.logs):
+            if source.exists():
+                shutil.move(str(source), str(target / source.name))
+        return target
+
     # ---- history.csv
     def append_history(self, row: dict[str, Any]) -> None:
         new = not self.history_csv.exists()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -16,6 +18,7 @@ from omegaconf import DictConfig
 
 from distlab import data as data_lib
 from distlab import models, optimizers, schedules, strategies
+from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError
 from distlab.loops import LOOPS
 from distlab.loops.base import Experiment
@@ -26,6 +29,9 @@ log = logging.getLogger("distlab")
 EXPORT_ATOL = 1e-4
 for _noisy in ("absl", "tensorflow"):  # tfds file listings, per-trace all-reduce notes
     logging.getLogger(_noisy).setLevel(logging.WARNING)
+# tf.data says this whenever a distributed dataset reads its options inside a tf.function
+warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options",
+                        category=UserWarning)
 
 
 def reset_state(seed: int, deterministic: bool) -> None:
@@ -71,6 +77,8 @@ def execute(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any]:
     started = time.time()
     strategies.configure_devices(cfg.strategy)  # before any TensorFlow op
     strategy = strategies.build(cfg.strategy)  # multi-worker: before any other TF op
+    if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
+        raise DistlabError(JIT_ON_LOGICAL_CPUS)
     reset_state(cfg.seed, cfg.deterministic)
     exp = build_experiment(cfg, run_dir, strategy, started)
     if cfg.mode == "evaluate":
@@ -127,13 +135,26 @@ def _evaluate(exp: Experiment) -> dict[str, Any]:
     test = LOOPS.get(exp.cfg.loop.name)(exp).evaluate()
     log.info("restored %s: test_loss %.4f - test_accuracy %.4f", prefix, test["test_loss"],
              test["test_accuracy"])
-    return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None)
+    return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None,
+                    learning_rate=None, steps_per_epoch=None, trained=trained_with(prefix))
+
+
+TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",
+                  "global_batch_size", "learning_rate", "steps_per_epoch", "epochs_completed")
+
+
+def trained_with(prefix: str) -> dict[str, Any] | None:
+    """How the checkpoint was trained, from its run dir's results.json (None if not there).
+    In an evaluation's results.json the top-level batch fields are the evaluation's own."""
+    trained = RunDir(Path(prefix).parent.parent).read_results()
+    return {k: trained.get(k) for k in TRAINED_FIELDS} if trained else None
 
 
 def resume(exp: Experiment) -> tuple[int, int]:
     """Restore the run dir's latest checkpoint, if any: (epochs done, steps into the next)."""
     latest = exp.manager.latest_checkpoint
-    if not latest:
+    if not latest:  # rows of an attempt killed before its first checkpoint are trained again
+        exp.run_dir.truncate_history(0)
         return 0, 0
     _restore(exp.checkpoint, latest, exp, what="resume from")
     epoch, step = int(exp.epoch.numpy()), int(exp.step_in_epoch.numpy())
@@ -150,11 +171,12 @@ def restore_model(exp: Experiment, prefix: str) -> None:
 
 def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what: str,
              partial: bool = False) -> None:
+    status = None
     try:
         status = checkpoint.restore(prefix)
-        status.assert_existing_objects_matched()
         if partial:
             status.expect_partial()
+        status.assert_existing_objects_matched()
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as e:
         raise DistlabError(
             f"cannot {what} checkpoint {prefix}: it is truncated or corrupt ({_first_line(e)}). "
@@ -162,11 +184,19 @@ def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what
             "away; nothing was deleted"
         ) from None
     except (tf.errors.OpError, ValueError, AssertionError) as e:
+        if status is not None:
+            status.expect_partial()  # no list of unrestored values when it is deleted
         raise DistlabError(
             f"cannot {what} checkpoint {prefix}: it does not match the configured model "
-            f"({exp.cfg.model.name}, dataset {exp.cfg.dataset.name}): {_first_line(e)}. Use the "
+            f"({exp.cfg.model.name}, dataset {exp.cfg.dataset.name}): {_mismatch(e)}. Use the "
             "overrides it was trained with (see its run dir's .hydra/config.yaml)"
         ) from None
+
+
+def _mismatch(error: BaseException) -> str:
+    """TF's mismatch message without the variables' values it lists."""
+    text = _first_line(error)
+    return text.split(": [<", 1)[0].split(". Showing", 1)[0]
 
 
 def _first_line(error: BaseException) -> str:

@@ -61,12 +61,38 @@ def default(cfg: DictConfig) -> tf.distribute.Strategy:
 @STRATEGIES.register("one_device")
 def one_device(cfg: DictConfig) -> tf.distribute.Strategy:
     device = cfg.device or ("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0")
-    return tf.distribute.OneDeviceStrategy(device)
+    return tf.distribute.OneDeviceStrategy(existing_device(device))
+
+
+def existing_device(device: str) -> str:
+    """`device` if this process has it (TF would silently place the work elsewhere)."""
+    try:
+        spec = tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
+    except ValueError:
+        spec = None
+    have = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
+    if spec is not None and spec.device_type and any(
+            d.device_type == spec.device_type.upper() and d.device_index == (spec.device_index or 0)
+            for d in have):
+        return device
+    names = ", ".join(f"/{d.device_type.lower()}:{d.device_index}" for d in have)
+    raise DistlabError(f"strategy.device={device!r} does not exist on this machine; its devices "
+                       f"are {names} (more CPUs with strategy.cpu_devices=N)")
+
+
+def _mirrored(devices: list[str]) -> tf.distribute.MirroredStrategy:
+    """MirroredStrategy over `devices`. Over logical CPUs, gradients are summed on one device
+    (ReductionToOneDevice) instead of with collective ops: TF keys collective groups per
+    process, so a second strategy over another number of CPUs in the same process (an
+    in-process sweep) fails with "joining a group with size 3, but that group has size 2"."""
+    cpus_only = all("CPU" in d.upper().split("/")[-1] for d in devices)
+    ops = tf.distribute.ReductionToOneDevice() if cpus_only and len(devices) > 1 else None
+    return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
 
 
 @STRATEGIES.register("mirrored")
 def mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
-    return tf.distribute.MirroredStrategy(_local_devices(cfg))
+    return _mirrored(_local_devices(cfg))
 
 
 _COMMUNICATION = {
@@ -81,7 +107,7 @@ def auto(cfg: DictConfig) -> tf.distribute.Strategy:
     """MirroredStrategy when there is more than one local device, else no distribution
     (a 1-replica MirroredStrategy costs ~12% per step here, docs/BENCHMARKS.md)."""
     devices = _local_devices(cfg)
-    return tf.distribute.MirroredStrategy(devices) if len(devices) > 1 else default(cfg)
+    return _mirrored(devices) if len(devices) > 1 else default(cfg)
 
 
 @STRATEGIES.register("multi_worker_mirrored")
@@ -115,6 +141,15 @@ def name(strategy: tf.distribute.Strategy) -> str:
             return label
     return "DefaultStrategy" if strategy is tf.distribute.get_strategy() else type(
         strategy).__name__
+
+
+def local_cpu_replicas(strategy: tf.distribute.Strategy) -> int:
+    """How many of this worker's replicas are (logical) CPU devices."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy has none
+        return 1
+    return sum("CPU" in d.upper().split("/")[-1] for d in devices)
 
 
 def build(cfg: DictConfig) -> tf.distribute.Strategy:

@@ -1,9 +1,8 @@
 """What both loops share: the built experiment and the per-epoch controller.
 
 A loop (the Trainer) owns the step functions; the Controller owns everything that
-happens between epochs (history row, TensorBoard scalars the loop does not write
-itself, checkpoint cadence, the one-line epoch summary), so both loops produce the
-same run directory.
+happens between epochs (history row, TensorBoard scalars, checkpoint cadence, the
+one-line epoch summary), so both loops produce the same run directory.
 """
 
 from __future__ import annotations
@@ -65,15 +64,13 @@ def save_checkpoint(exp: Experiment, epochs_done: int, steps_in_epoch: int) -> s
 class Controller:
     """Per-epoch bookkeeping shared by `keras_fit` and `custom`."""
 
-    def __init__(self, exp: Experiment, write_scalars: bool) -> None:
+    def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.epochs: list[dict[str, Any]] = []
         self.first_step_at: float | None = None
-        self._writers = None
-        if write_scalars:  # keras_fit gets these from keras.callbacks.TensorBoard
-            logs = exp.run_dir.logs
-            self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
-                             "validation": tf.summary.create_file_writer(str(logs / "validation"))}
+        logs = exp.run_dir.logs  # the tags keras.callbacks.TensorBoard uses, for both loops
+        self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
+                         "validation": tf.summary.create_file_writer(str(logs / "validation"))}
 
     def step_end(self, epoch: int, steps_done: int, loss: float) -> None:
         """After a step (or a loop of steps): NaN guard, preemption, time to first step."""
@@ -122,8 +119,7 @@ class Controller:
         }
         self.epochs.append(row)
         exp.run_dir.append_history(row)
-        if self._writers:
-            self._write_scalars(epoch, row)
+        self._write_scalars(epoch, row)
         log.info(_summary_line(row, exp.cfg.trainer.epochs))
         if exp.stop:  # a signal during validation: this epoch is done, save it and stop
             self.interrupt(epoch + 1, 0)
@@ -165,11 +161,9 @@ class Loop:
     distributed step (mean per-example loss and accuracy over the whole split).
     """
 
-    writes_scalars = True  # False when the loop's own TensorBoard callback writes them
-
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
-        self.controller = Controller(exp, write_scalars=self.writes_scalars)
+        self.controller = Controller(exp)
         self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
             from_logits=exp.from_logits, reduction=None)
         if exp.cfg.loop.jit_compile:
@@ -182,7 +176,8 @@ class Loop:
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:
-        """{"test_loss", "test_accuracy"} on the test split under the current strategy."""
+        """{"test_loss", "test_accuracy"} on the test split under the current strategy: exact
+        means over the real examples, whatever the replica count (padding rows weigh 0)."""
         loss_sum, correct, count = self._eval_all(self._distribute(self.exp.data.test)).numpy()
         return {"test_loss": float(loss_sum / count), "test_accuracy": float(correct / count)}
 
@@ -191,27 +186,28 @@ class Loop:
         return bool(every) and (epoch + 1) % every == 0
 
     # ---- distributed pieces shared by the loops
-    def _distribute(self, dataset: tf.data.Dataset) -> tf.distribute.DistributedDataset:
-        strategy = self.exp.strategy
-        return distribute(strategy, dataset,
-                          self.exp.data.global_batch_size // strategy.num_replicas_in_sync)
+    def _distribute(self, dataset: tf.data.Dataset):
+        """Per replica (features, labels, weights); see `distlab.data.distribute`."""
+        return distribute(self.exp.strategy, dataset)
 
-    def _batch_stats(self, labels, predictions, per_example_loss):
-        """Per replica: (sum of per-example loss, number correct, number of examples)."""
+    def _batch_stats(self, labels, predictions, per_example_loss, weights):
+        """Per replica, over its real rows (weight > 0): (sum of per-example loss, number
+        correct, number of examples), in float64 so sums do not depend on the split."""
+        real = tf.cast(weights > 0, tf.float64)
         correct = tf.equal(tf.argmax(predictions, axis=-1, output_type=labels.dtype), labels)
-        return (tf.reduce_sum(per_example_loss), tf.reduce_sum(tf.cast(correct, tf.float32)),
-                tf.cast(tf.size(labels), tf.float32))
+        return (tf.reduce_sum(real * tf.cast(per_example_loss, tf.float64)),
+                tf.reduce_sum(real * tf.cast(correct, tf.float64)), tf.reduce_sum(real))
 
-    def _test_step(self, images, labels):
-        predictions = self.exp.model(images, training=False)
-        return self._batch_stats(labels, predictions, self.loss_fn(labels, predictions))
+    def _test_step(self, features, labels, weights):
+        predictions = self.exp.model(features, training=False)
+        return self._batch_stats(labels, predictions, self.loss_fn(labels, predictions), weights)
 
     def _reduce(self, per_replica) -> tf.Tensor:
         strategy = self.exp.strategy
         return tf.stack([strategy.reduce(SUM, v, axis=None) for v in per_replica])
 
     def _eval_dataset(self, dist_dataset):
-        totals = tf.zeros([3])
-        for images, labels in dist_dataset:
-            totals += self._reduce(self.exp.strategy.run(self._test_step, args=(images, labels)))
+        totals = tf.zeros([3], tf.float64)
+        for batch in dist_dataset:
+            totals += self._reduce(self.exp.strategy.run(self._test_step, args=batch))
         return totals

@@ -1,11 +1,12 @@
 """`loop=custom`: a hand-written tf.distribute training loop.
 
-Each replica computes the per-example loss, sums it and divides by the *global* batch
+Each replica computes the per-example loss, weights it by the row weights of
+`distlab.data.distribute` and divides by its rows times the replica count
 (`tf.nn.compute_average_loss`); the optimizer all-reduces (sums) the gradients. So
-the update equals single-device training on the global batch, and nothing divides by
-the replica count a second time. `loop.steps_per_loop` steps run inside one
-`tf.function` (a `tf.range` loop with a tensor count, as orbit does); the last,
-shorter loop of an epoch reuses the same trace.
+the update is the mean over the global batch's real rows, as in single-device training
+(a short last batch included), and nothing divides by the replica count a second time.
+`loop.steps_per_loop` steps run inside one `tf.function` (a `tf.range` loop with a tensor
+count, as orbit does); the last, shorter loop of an epoch reuses the same trace.
 """
 
 from __future__ import annotations
@@ -27,26 +28,24 @@ class CustomLoop(Loop):
         self._train_n = tf.function(self._train_n_steps)
 
     # ---- replica function: returns (sum of per-example loss, correct, count)
-    def _train_step(self, images, labels):
+    def _train_step(self, features, labels, weights):
         model, exp = self.exp.model, self.exp
         with tf.GradientTape() as tape:
-            predictions = model(images, training=True)
+            predictions = model(features, training=True)
             per_example_loss = self.loss_fn(labels, predictions)
-            loss = tf.nn.compute_average_loss(
-                per_example_loss, global_batch_size=exp.data.global_batch_size
-            )
+            # sum(w * loss) / (rows * replicas): the mean over the global batch's real rows
+            loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         grads = tape.gradient(loss, model.trainable_variables)
         exp.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return self._batch_stats(labels, predictions, per_example_loss)
+        return self._batch_stats(labels, predictions, per_example_loss, weights)
 
     # ---- cross-replica function
     def _train_n_steps(self, iterator, n):
-        totals = tf.zeros([3])
+        totals = tf.zeros([3], tf.float64)
         for _ in tf.range(n):
-            images, labels = next(iterator)
-            totals += self._reduce(self.exp.strategy.run(self._train_step, args=(images, labels)))
+            totals += self._reduce(self.exp.strategy.run(self._train_step, args=next(iterator)))
         return totals
 
     # ---- the loop

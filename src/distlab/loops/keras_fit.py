@@ -1,47 +1,64 @@
-"""`loop=keras_fit`: model.compile + model.fit inside the strategy scope."""
+"""`loop=keras_fit`: model.compile + model.fit inside the strategy scope.
+
+fit gets the same per-replica rows and weights as the custom loop (`distlab.data.
+distribute`): the compiled loss weighs the rows so a short batch averages over its real
+examples, and the history's loss and accuracy are Keras metrics over the real rows
+only. Every epoch runs exactly `steps_per_epoch` steps whatever `loop.steps_per_execution`
+is: when the block size does not divide the epoch, each epoch is a fit of its own over
+exactly its own batches, so Keras' last block of the epoch stops where the data does.
+"""
 
 from __future__ import annotations
 
 import time
 
 import keras
+import tensorflow as tf
 
+from distlab import keras_fixes
 from distlab.errors import DistlabError
 from distlab.loops.base import Loop
 
 
-class _EpochCallback(keras.callbacks.Callback):
-    """Feeds the shared Controller and adds the validation figures (measured by the loops'
-    shared evaluation) to the logs; runs before TensorBoard, which then writes them all."""
+class RealExamplesMean(keras.metrics.MeanMetricWrapper):
+    """The mean of `fn` over real rows: a sample weight > 0 counts 1, padding (0) counts 0."""
 
-    def __init__(self, loop: KerasFitLoop, skip_steps: int = 0) -> None:
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None:
+            sample_weight = tf.cast(sample_weight > 0, self.dtype)
+        return super().update_state(y_true, y_pred, sample_weight=sample_weight)
+
+
+class _EpochCallback(keras.callbacks.Callback):
+    """Feeds the shared Controller (NaN guard, preemption, history row, scalars, checkpoint)
+    and adds the validation figures measured by the loops' shared evaluation."""
+
+    def __init__(self, loop: KerasFitLoop, steps: int, skip_steps: int = 0) -> None:
         super().__init__()
-        self.loop, self.skip_steps = loop, skip_steps
+        self.loop, self.steps, self.skip_steps = loop, steps, skip_steps
         self._epoch_start, self._epoch, self._steps = 0.0, 0, 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start, self._epoch, self._steps = time.time(), epoch, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps = batch + 1
+        self._steps = min(batch + 1, self.steps)  # a last block may run fewer steps
         loss = float((logs or {}).get("loss", 0.0))
         self.loop.controller.step_end(self._epoch, self.skip_steps + self._steps, loss)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
         train_end = time.time()
+        metrics = {"loss": logs.get("example_loss"), "accuracy": logs.get("accuracy")}
         if self.loop.validate_now(epoch):
             test = self.loop.evaluate()
-            logs.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
-        row = self.loop.controller.epoch_end(epoch, dict(logs), time.time() - self._epoch_start,
-                                             train_end - self._epoch_start, self._steps)
-        # TensorBoard (next in the callback list) writes these too
-        logs.update(learning_rate=row["learning_rate"], examples_per_sec=row["examples_per_sec"])
+            metrics.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
+        self.loop.controller.epoch_end(epoch, metrics, time.time() - self._epoch_start,
+                                       train_end - self._epoch_start, self._steps)
+        self.skip_steps = 0
 
 
 class KerasFitLoop(Loop):
-    writes_scalars = False
-
     def __init__(self, exp) -> None:
         super().__init__(exp)
         cfg = exp.cfg
@@ -52,34 +69,44 @@ class KerasFitLoop(Loop):
                 "must feed a value for placeholder tensor'). Use loop.steps_per_execution=1, "
                 "or loop=custom with loop.steps_per_loop for the same effect"
             )
+        keras_fixes.apply()
+        from_logits = exp.from_logits
         with exp.strategy.scope():
             exp.model.compile(
                 optimizer=exp.optimizer,
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=exp.from_logits),
-                metrics=["accuracy"],
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+                weighted_metrics=[
+                    RealExamplesMean(keras.metrics.sparse_categorical_accuracy, name="accuracy"),
+                    RealExamplesMean(
+                        lambda y, p: keras.losses.sparse_categorical_crossentropy(
+                            y, p, from_logits=from_logits), name="example_loss"),
+                ],
                 steps_per_execution=cfg.loop.steps_per_execution,
                 jit_compile=cfg.loop.jit_compile,
             )
 
     def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
         epochs, steps = self.exp.cfg.trainer.epochs, self.exp.data.steps_per_epoch
+        block = self.exp.cfg.loop.steps_per_execution
         if skip_steps:  # resumed mid-epoch: finish that epoch first, in a fit of its own
-            self._fit(initial_epoch, initial_epoch + 1, steps - skip_steps, skip_steps)
+            self._fit(initial_epoch, initial_epoch + 1, skip_steps)
             initial_epoch += 1
-        if initial_epoch < epochs:
-            self._fit(initial_epoch, epochs, steps)
+        if block > 1 and steps % block:  # blocks straddle epochs: one fit per epoch
+            for epoch in range(initial_epoch, epochs):
+                self._fit(epoch, epoch + 1)
+        elif initial_epoch < epochs:
+            self._fit(initial_epoch, epochs)
 
-    def _fit(self, first: int, end: int, steps: int, skip_steps: int = 0) -> None:
+    def _fit(self, first: int, end: int, skip_steps: int = 0) -> None:
+        """fit epochs [first, end) on exactly their batches (`first` minus `skip_steps`)."""
         exp = self.exp
+        steps = exp.data.steps_per_epoch
         exp.model.fit(
-            exp.data.train_epochs(first, end, skip_steps),
+            self._distribute(exp.data.train_epochs(first, end, skip_steps)),
             epochs=end,
             initial_epoch=first,
-            steps_per_epoch=steps,
-            callbacks=[
-                _EpochCallback(self, skip_steps),
-                keras.callbacks.TensorBoard(log_dir=str(exp.run_dir.logs), write_graph=False),
-            ],
+            steps_per_epoch=steps - skip_steps if end == first + 1 else steps,
+            callbacks=[_EpochCallback(self, steps - skip_steps, skip_steps)],
             verbose=exp.cfg.loop.verbose,
             shuffle=False,  # the stream is already shuffled per epoch (see distlab.data)
         )

@@ -1,0 +1,78 @@
+"""Any replica count on any split size: short last batches, replicas left without rows.
+
+Every global batch is split evenly over the replicas (a replica without real rows gets one
+padding row of weight 0), so training and evaluation give the same figures as one replica.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from distlab.data import replica_rows
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 16, 100, 192])
+def test_replica_rows_cover_the_batch_once_and_weigh_to_its_mean(replicas, rows):
+    features = tf.reshape(tf.range(rows * 2, dtype=tf.float32), [rows, 2])
+    labels = tf.range(rows, dtype=tf.int64)
+    parts = [replica_rows((features, labels), tf.constant(k, tf.int64), replicas)
+             for k in range(replicas)]
+    real = [(f.numpy()[w.numpy() > 0], y.numpy()[w.numpy() > 0]) for f, y, w in parts]
+    np.testing.assert_array_equal(np.concatenate([y for _, y in real]), np.arange(rows))
+    np.testing.assert_array_equal(np.concatenate([f for f, _ in real]), features.numpy())
+    assert all(int(tf.size(y)) >= 1 for _, y, _ in parts)  # no replica ever gets 0 rows
+    sizes = [int(tf.size(y)) for _, y, w in parts if float(tf.reduce_max(w)) > 0]
+    assert max(sizes) - min(sizes) <= 1
+    # sum over replicas of sum(w * x) / (rows_k * replicas) is the plain mean over the batch
+    values = tf.cast(labels, tf.float32) ** 2
+    mean = sum(float(tf.reduce_sum(w * tf.cast(y, tf.float32) ** 2))
+               / (int(tf.size(y)) * replicas) for _, y, w in parts)
+    assert mean == pytest.approx(float(tf.reduce_mean(values)), rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+@pytest.mark.parametrize("train_rows,test_rows", [(400, 100), (194, 2)])
+def test_any_replica_count_trains_and_evaluates_like_one(loop, train_rows, test_rows,
+                                                         run_inprocess):
+    # global batch 192 as 1x192, 2x96 and 3x64: the last train batch (16 or 2 rows) and the
+    # test split (100 or 2 rows) leave replicas short or without rows
+    results = {}
+    for replicas in (1, 2, 3):
+        results[replicas] = run_inprocess(
+            f"loop={loop}", "model=fashion_cnn", "deterministic=true", "seed=5",
+            "trainer.epochs=1", f"strategy.cpu_devices={replicas}",
+            f"dataset.batch_size_per_replica={192 // replicas}",
+            f"dataset.train_split='train[:{train_rows}]'",
+            f"dataset.test_split='test[:{test_rows}]'")
+    for replicas, r in results.items():
+        assert r["status"] == "completed" and r["num_replicas"] == replicas
+        assert r["test_loss"] == pytest.approx(results[1]["test_loss"], abs=1e-5), replicas
+        assert r["test_accuracy"] == pytest.approx(results[1]["test_accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_evaluation_does_not_depend_on_the_replica_count(run_inprocess, tmp_path):
+    run_inprocess("model=fashion_cnn", "trainer.steps_per_epoch=3", "trainer.epochs=1",
+                  "strategy.cpu_devices=1", out=tmp_path / "t")
+    figures = []
+    for replicas in (1, 2, 3):
+        r = run_inprocess("model=fashion_cnn", "mode=evaluate", f"ckpt_path={tmp_path / 't'}",
+                          f"strategy.cpu_devices={replicas}", "dataset.test_split='test[:100]'",
+                          out=tmp_path / f"e{replicas}")
+        assert r["num_replicas"] == replicas
+        figures.append((r["test_loss"], r["test_accuracy"]))
+    for loss, accuracy in figures[1:]:
+        assert loss == pytest.approx(figures[0][0], abs=1e-6)
+        assert accuracy == pytest.approx(figures[0][1], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_odd_batch_on_two_replicas_custom_loop(run_inprocess):
+    # 512 rows in global batches of 66: the last has 50 rows (25 each); batch 33 per replica
+    r = run_inprocess("loop=custom", "dataset.batch_size_per_replica=33",
+                      "strategy.cpu_devices=2", "trainer.epochs=1")
+    assert r["status"] == "completed" and r["global_batch_size"] == 66

@@ -60,6 +60,10 @@ def test_presets():
     fit = compose(["experiment=tutorial_keras_mnist"])
     assert (fit.loop.name, fit.dataset.name, fit.trainer.epochs) == ("keras_fit", "mnist", 12)
     assert fit.schedule.name == "step_decay" and list(fit.schedule.factors) == [1.0, 0.1, 0.01]
+    tuned = compose(["experiment=tutorial_keras_mnist_tuned"])
+    assert (tuned.loop.name, tuned.loop.steps_per_execution, tuned.strategy.name) == (
+        "keras_fit", 50, "default")
+    assert list(tuned.schedule.boundaries) == [3, 7] and tuned.trainer.validate_every == 0
     custom = compose(["experiment=tutorial_custom_fashion"])
     assert (custom.loop.name, custom.dataset.name, custom.trainer.epochs) == (
         "custom", "fashion_mnist", 10)
@@ -67,6 +71,21 @@ def test_presets():
     assert list(custom.model.conv_filters) == [32, 64]
     assert custom.model.output_activation == "softmax"
     assert custom.dataset.batch_size_per_replica == 64 and custom.optimizer.name == "adam"
+
+
+PINNED = {"tutorial_keras_mnist": ["strategy", "dataset", "model", "optimizer", "schedule",
+                                   "loop"]}
+PINNED["tutorial_custom_fashion"] = PINNED["tutorial_keras_mnist_tuned"] = PINNED[
+    "tutorial_keras_mnist"]
+
+
+@pytest.mark.parametrize("preset,group,option", [
+    (p, g, o) for p, groups in PINNED.items() for g in groups for o in _options(g)])
+def test_a_preset_choice_can_be_overridden_group_by_group(preset, group, option):
+    cfg = compose([f"experiment={preset}", f"{group}={option}",
+                   *NEEDS.get((group, option), [])])
+    validate(cfg)
+    assert cfg[group].name == compose([f"{group}={option}"])[group].name
 
 
 def test_wrong_type_is_rejected_by_the_schema():
@@ -89,10 +108,14 @@ def test_unknown_key_is_rejected():
     ("trainer.checkpoint_every=0", "trainer.checkpoint_every"),
     ("schedule.boundaries=[7,3]", "schedule.boundaries"),
     ("mode=serve", "mode"),
+    ("seed=-5", "seed"),
+    ("seed=99999999999999", "seed"),
+    ("objective=nope", "objective"),
+    ("loop.jit_compile=true strategy.cpu_devices=2", "loop.jit_compile"),
 ])
 def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(compose([override]))
+        validate(compose(override.split()))
 
 
 def test_fit_across_workers_is_refused_naming_the_upstream_bug():

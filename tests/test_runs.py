@@ -43,6 +43,7 @@ def test_cli_run_writes_the_whole_run_dir(loop, tiny_data_dir, tmp_path):
     assert results["export_max_abs_diff"] < 1e-4
     assert results["test_accuracy"] > 0.3  # the tiny data is learnable
     assert "epoch 2/2 - learning_rate" in (tmp_path / "run.log").read_text()
+    assert "preserve tf.data options" not in out.stdout + out.stderr  # no tf.data warning
 
 
 def test_cli_two_replicas_and_restore_without_a_strategy(tiny_data_dir, tmp_path):
@@ -130,6 +131,7 @@ def test_evaluate_rejects_a_checkpoint_of_another_model(run_inprocess, tmp_path)
     assert e.value.code == 2
     results = json.loads((tmp_path / "e" / "results.json").read_text())
     assert results["status"] == "failed" and "does not match" in results["error"]
+    assert "value=" not in results["error"]  # no variable values in the one line
 
 
 def test_evaluate_with_missing_checkpoint(run_inprocess, tmp_path):
@@ -155,3 +157,45 @@ def test_steps_per_execution_with_replicas_names_the_upstream_bug(run_inprocess,
     with pytest.raises(SystemExit):
         run_inprocess("strategy.cpu_devices=2", "loop.steps_per_execution=4", out=tmp_path / "x")
     assert "keras#19246" in json.loads((tmp_path / "x" / "results.json").read_text())["error"]
+
+
+def test_a_device_that_does_not_exist_is_refused(run_inprocess, tmp_path):
+    for device in ("/gpu:0", "/cpu:5"):
+        with pytest.raises(SystemExit) as e:
+            run_inprocess("strategy=one_device", f"strategy.device={device}",
+                          out=tmp_path / device[1:4])
+        assert e.value.code == 2
+        error = json.loads((tmp_path / device[1:4] / "results.json").read_text())["error"]
+        assert f"strategy.device='{device}' does not exist" in error and "/cpu:0" in error
+    assert run_inprocess("strategy=one_device", "strategy.device=/cpu:1",
+                         "trainer.steps_per_epoch=2", "trainer.epochs=1")["status"] == "completed"
+
+
+def test_jit_compile_over_several_logical_cpus_is_refused(run_inprocess, tmp_path):
+    # strategy=mirrored without cpu_devices takes every logical CPU of this test process (3)
+    with pytest.raises(SystemExit):
+        run_inprocess("loop.jit_compile=true", out=tmp_path / "j")
+    error = json.loads((tmp_path / "j" / "results.json").read_text())["error"]
+    assert "loop.jit_compile=true" in error and "strategy.cpu_devices=1" in error
+
+
+def test_history_loss_has_one_definition_in_both_loops(run_inprocess, tmp_path):
+    # model.l2 adds a penalty to the objective; history's loss is the data loss in both loops
+    common = ("deterministic=true", "seed=4", "model.l2=0.01", "trainer.steps_per_epoch=4",
+              "trainer.epochs=1", "strategy.cpu_devices=2")
+    losses = []
+    for loop in ("keras_fit", "custom"):
+        run_inprocess(f"loop={loop}", *common, out=tmp_path / loop)
+        losses.append(float(RunDir(tmp_path / loop).read_history()[0]["loss"]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+def test_evaluate_mode_says_which_figures_are_the_training_runs(run_inprocess, tmp_path):
+    run_inprocess("trainer.steps_per_epoch=2", "trainer.epochs=1", "strategy.cpu_devices=2",
+                  out=tmp_path / "t")
+    evaluated = run_inprocess("mode=evaluate", f"ckpt_path={tmp_path / 't'}",
+                              "strategy=default", out=tmp_path / "e")
+    assert evaluated["learning_rate"] is None and evaluated["steps_per_epoch"] is None
+    assert evaluated["global_batch_size"] == 64  # the evaluation's own batch
+    assert evaluated["trained"]["global_batch_size"] == 128
+    assert evaluated["trained"]["steps_per_epoch"] == 2

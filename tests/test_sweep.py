@@ -227,3 +227,18 @@ def test_optuna_search_runs_trials(tiny_data_dir, tmp_path):
     assert best.best_value == pytest.approx(max(float(r["test_accuracy"]) for r in rows))
     results = json.loads((tmp_path / "0" / "results.json").read_text())
     assert results["learning_rate"] == pytest.approx(float(rows[0]["optimizer.learning_rate"]))
+
+
+@pytest.mark.slow
+def test_optuna_search_whose_every_trial_fails(tiny_data_dir, tmp_path):
+    out = run_cli(*fast_overrides(tiny_data_dir), "trainer.epochs=1", "hparams_search=optuna",
+                  "hydra.sweeper.n_trials=2", "trainer.steps_per_epoch=20",
+                  'hydra.sweeper.params={optimizer.learning_rate: "interval(1e11, 1e12)"}',
+                  f"hydra.sweep.dir={tmp_path}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "No trials are completed" not in text, text[-3000:]
+    assert "sweep failed: 2 job(s) failed" in text
+    rows = _summary(tmp_path)
+    assert [r["status"] for r in rows] == ["failed", "failed"]
+    assert all("non-finite loss" in r["error"] for r in rows)

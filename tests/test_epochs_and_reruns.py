@@ -1,0 +1,102 @@
+"""Exact epochs with any fit block size, and reruns after kills and failures (real
+`python run.py` processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, fast_overrides, run_cli
+from omegaconf import OmegaConf
+
+pytestmark = pytest.mark.slow
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _epochs(run_dir: Path) -> list[int]:
+    history = run_dir / "history.csv"
+    if not history.exists():
+        return []
+    return [int(line.split(",")[0]) for line in history.read_text().splitlines()[1:]]
+
+
+def _kill_after_rows(args: list[str], run_dir: Path, rows: int, timeout: float = 180) -> None:
+    proc = _start(*args)
+    try:
+        deadline = time.time() + timeout
+        while len(_epochs(run_dir)) < rows:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.time() < deadline, "timed out waiting for history rows"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _checkpoints(run_dir: Path) -> list[str]:
+    return sorted((p.name.removesuffix(".index") for p in
+                   (run_dir / "checkpoints").glob("ckpt-*.index")),
+                  key=lambda n: int(n.split("-")[1]))
+
+
+def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_path):
+    args = [*fast_overrides(tiny_data_dir), "strategy=default", "loop.steps_per_execution=7",
+            "trainer.steps_per_epoch=300", "trainer.epochs=3", "trainer.validate_every=0",
+            "deterministic=true", "seed=3"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    out = run_cli(*args, f"hydra.run.dir={a}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert _checkpoints(a) == ["ckpt-300", "ckpt-600", "ckpt-900"]
+    assert _epochs(a) == [1, 2, 3]
+
+    _kill_after_rows([*args, f"hydra.run.dir={b}"], b, rows=1)
+    out = run_cli(*args, f"hydra.run.dir={b}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert _epochs(b) == [1, 2, 3]
+    assert _results(b)["test_loss"] == pytest.approx(_results(a)["test_loss"], abs=1e-6)
+
+
+def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):
+    run_inprocess("strategy=default", "loop.steps_per_execution=50",
+                  "trainer.steps_per_epoch=20", out=tmp_path / "r")
+    assert _checkpoints(tmp_path / "r") == ["ckpt-20", "ckpt-40"]
+    rows = (tmp_path / "r" / "history.csv").read_text().splitlines()[1:]
+    assert all(float(row.split(",")[2]) > 0 for row in rows)  # epoch 2 got data too
+
+
+def test_kill_before_the_first_checkpoint_then_rerun(tiny_data_dir, tmp_path):
+    args = [*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=3",
+            "trainer.steps_per_epoch=150", "trainer.checkpoint_every=5",
+            f"hydra.run.dir={tmp_path}"]
+    _kill_after_rows(args, tmp_path, rows=2)
+    assert not _checkpoints(tmp_path)
+    out = run_cli(*args)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert _epochs(tmp_path) == [1, 2, 3]
+
+
+def test_a_failed_run_without_checkpoint_accepts_a_new_config(tiny_data_dir, tmp_path):
+    base = [*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=20",
+            f"hydra.run.dir={tmp_path}"]
+    failed = run_cli(*base, "optimizer.learning_rate=1e12")
+    assert failed.returncode != 0
+    assert "Lower optimizer.learning_rate" in failed.stdout + failed.stderr
+    out = run_cli(*base, "optimizer.learning_rate=1e-3")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert _results(tmp_path)["status"] == "completed"
+    kept = tmp_path / ".distlab" / "attempts" / "1"
+    assert json.loads((kept / "results.json").read_text())["status"] == "failed"
+    assert OmegaConf.load(kept / "config.yaml").optimizer.learning_rate == 1e12
+    assert _epochs(tmp_path) == [1, 2]

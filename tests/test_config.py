@@ -17,8 +17,8 @@ from distlab.errors import ConfigError
 
 GROUPS = ["strategy", "dataset", "model", "optimizer", "schedule", "loop", "experiment",
           "hparams_search"]
-# options that only compose with another choice (keras_fit fails across workers: keras#20585)
-NEEDS = {("strategy", "multi_worker_mirrored"): ["loop=custom"]}
+# options that only compose with another choice
+NEEDS: dict[tuple[str, str], list[str]] = {}
 
 
 def _options(group: str) -> list[str]:
@@ -116,11 +116,6 @@ def test_unknown_key_is_rejected():
 def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(compose(override.split()))
-
-
-def test_fit_across_workers_is_refused_naming_the_upstream_bug():
-    with pytest.raises(ConfigError, match=r"keras#20585.*loop=custom"):
-        validate(compose(["strategy=multi_worker_mirrored"]))
 
 
 def test_evaluate_needs_ckpt_path():

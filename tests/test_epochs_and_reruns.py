@@ -100,3 +100,47 @@ def test_a_failed_run_without_checkpoint_accepts_a_new_config(tiny_data_dir, tmp
     assert json.loads((kept / "results.json").read_text())["status"] == "failed"
     assert OmegaConf.load(kept / "config.yaml").optimizer.learning_rate == 1e12
     assert _epochs(tmp_path) == [1, 2]
+
+
+def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_dir, tmp_path):
+    # keras#19246 is corrected; with deterministic=true the block size changes nothing
+    losses = []
+    for block in (1, 10):
+        out = run_cli(*fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
+                      f"loop.steps_per_execution={block}", "trainer.steps_per_epoch=25",
+                      "deterministic=true", "seed=2", f"hydra.run.dir={tmp_path / str(block)}")
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        results = _results(tmp_path / str(block))
+        assert results["num_replicas"] == 2
+        losses.append(results["test_loss"])
+    assert losses[1] == pytest.approx(losses[0], abs=1e-6)
+
+
+def test_one_job_per_run_directory(tiny_data_dir, tmp_path):
+    args = [*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=150",
+            f"hydra.run.dir={tmp_path}"]
+    first = _start(*args)
+    try:
+        deadline = time.time() + 120
+        lock = tmp_path / ".distlab" / "lock"
+        while not (lock.exists() and lock.read_text()):  # the first run holds the directory
+            assert first.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        started = time.time()
+        second = run_cli(*args, timeout=60)
+        assert time.time() - started < 5
+        text = second.stdout + second.stderr
+        assert second.returncode != 0 and f"pid {first.pid}" in text and str(tmp_path) in text
+        assert "Traceback" not in text
+        assert first.wait(timeout=240) == 0
+    finally:
+        first.kill()
+    assert _epochs(tmp_path) == [1, 2]
+    assert _results(tmp_path)["status"] == "completed"
+
+    # a holder killed with -9 leaves no lock behind: the rerun resumes at once
+    _kill_after_rows([*args, "trainer.epochs=4"], tmp_path, rows=3)
+    out = run_cli(*args, "trainer.epochs=4")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert _epochs(tmp_path) == [1, 2, 3, 4]
+

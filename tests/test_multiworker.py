@@ -1,18 +1,25 @@
-"""MultiWorkerMirroredStrategy with two local worker processes (TF_CONFIG on 127.0.0.1)."""
+"""MultiWorkerMirroredStrategy with two local worker processes (TF_CONFIG on 127.0.0.1, or the
+environment srun sets), in both loops: training, a worker's death, coordinated preemption,
+resume from the chief's disk, the cluster-formation timeout. Every process has a hard kill.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides
+from conftest import ROOT, fast_overrides, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+TIMEOUT = 240  # seconds before a worker process is killed
 
 
 def _free_ports(n: int) -> list[int]:
@@ -25,14 +32,15 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def _worker(index: int, workers: list[str], *args: str) -> subprocess.Popen:
+def _start(index: int, workers: list[str], *args: str, env: dict | None = None
+           ) -> subprocess.Popen:
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     return subprocess.Popen([sys.executable, "run.py", "strategy=multi_worker_mirrored", *args],
                             cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)})
+                            env={**os.environ, "TF_CONFIG": json.dumps(tf_config), **(env or {})})
 
 
-def _finish(proc: subprocess.Popen, timeout: float) -> str:
+def _finish(proc: subprocess.Popen, timeout: float = TIMEOUT) -> str:
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
@@ -40,40 +48,171 @@ def _finish(proc: subprocess.Popen, timeout: float) -> str:
         return proc.communicate()[0] + "\n<killed: timeout>"
 
 
-def test_two_workers_train_together_and_only_the_chief_writes(tiny_data_dir, tmp_path,
-                                                                run_inprocess):
-    common = [*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
-              "trainer.steps_per_epoch=6", "deterministic=true", "seed=5",
-              "trainer.export=true"]
+def _cluster(run_dir: Path, *args: str) -> tuple[list[subprocess.Popen], list[str]]:
+    """Start worker 0 (chief) and worker 1, with run dirs run_dir/W0 and run_dir/W1."""
     workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
-    procs = [_worker(i, workers, *common, f"hydra.run.dir={tmp_path / f'W{i}'}")
-             for i in range(2)]
-    outputs = [_finish(p, timeout=240) for p in procs]
+    return [_start(i, workers, *args, f"hydra.run.dir={run_dir / f'W{i}'}")
+            for i in range(2)], workers
+
+
+def _run_cluster(run_dir: Path, *args: str) -> list[str]:
+    procs, _ = _cluster(run_dir, *args)
+    outputs = [_finish(p) for p in procs]
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, out[-3000:]
+    return outputs
 
-    chief = json.loads((tmp_path / "W0" / "results.json").read_text())
-    assert chief["num_replicas"] == 2 and chief["global_batch_size"] == 128
-    assert chief["strategy"] == "MultiWorkerMirroredStrategy"
-    assert (tmp_path / "W0" / "checkpoints" / "checkpoint").exists()
-    assert (tmp_path / "W0" / "saved_model" / "saved_model.pb").exists()
-    w1 = tmp_path / "W1"
-    assert not (w1 / "results.json").exists() and not (w1 / "checkpoints").exists()
-    assert not (w1 / "history.csv").exists() and not (w1 / "saved_model").exists()
 
-    # the same global batch in one process with two replicas trains the same model
-    single = run_inprocess(*common[1:], "strategy.cpu_devices=2", "trainer.export=false")
-    assert single["num_replicas"] == 2
-    assert chief["test_loss"] == pytest.approx(single["test_loss"], abs=1e-3)
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _rows(run_dir: Path) -> int:
+    history = run_dir / "history.csv"
+    return max(0, len(history.read_text().splitlines()) - 1) if history.exists() else 0
+
+
+def _wait_rows(procs: list[subprocess.Popen], run_dir: Path, rows: int) -> None:
+    deadline = time.time() + TIMEOUT
+    while _rows(run_dir) < rows:
+        for p in procs:
+            assert p.poll() is None, _finish(p)[-3000:]
+        if time.time() > deadline:
+            for p in procs:
+                p.kill()
+            pytest.fail("timed out waiting for the chief's history rows")
+        time.sleep(0.05)
+
+
+# 3 epochs of 30 steps; deterministic=true, so fit and custom, 2 workers and 1 process with
+# 2 replicas, resumed and uninterrupted runs all end with the same test loss
+RUN = ("trainer.epochs=3", "trainer.steps_per_epoch=30", "trainer.checkpoint_every=1",
+       "deterministic=true", "seed=5")
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data_dir, tmp_path_factory) -> dict:
+    """The same training in one process with 2 replicas (the multi-worker runs' target)."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    out = run_cli(*fast_overrides(tiny_data_dir), *RUN, "loop=custom", "strategy.cpu_devices=2",
+                  f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    return _results(run_dir)
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny_data_dir,
+                                                                      tmp_path, reference):
+    _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
+                 "trainer.export=true")
+    chief = _results(tmp_path / "W0")
+    assert (chief["num_replicas"], chief["global_batch_size"]) == (2, 128)
+    assert chief["strategy"] == "MultiWorkerMirroredStrategy" and chief["loop"] == loop
+    assert chief["test_loss"] == pytest.approx(reference["test_loss"], abs=1e-6)
+    assert chief["export_max_abs_diff"] < 1e-4
+    for name in ("checkpoints/checkpoint", "history.csv", "saved_model/saved_model.pb"):
+        assert (tmp_path / "W0" / name).exists(), name
+    assert list((tmp_path / "W0" / "logs" / "train").glob("events.out.tfevents.*"))
+    extra = {p.name for p in (tmp_path / "W1").iterdir()} - {".hydra", "run.log"}
+    assert not extra, extra  # worker 1 wrote only what Hydra writes
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir, tmp_path,
+                                                             reference):
+    args = (*fast_overrides(tiny_data_dir), *RUN, f"loop={loop}")
+    procs, workers = _cluster(tmp_path, *args)
+    _wait_rows(procs, tmp_path / "W0", 1)
+    procs[1].kill()
+    killed = time.time()
+    out = _finish(procs[0])
+    assert time.time() - killed < 60
+    assert procs[0].returncode not in (0, None), out[-3000:]
+    failed = _results(tmp_path / "W0")
+    assert failed["status"] == "failed"
+    assert f"lost worker {workers[1]}" in failed["error"]
+    assert "rerun all workers to resume" in failed["error"]
+    lines = [ln for ln in out.splitlines() if "lost worker" in ln]
+    assert len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    latest = (tmp_path / "W0" / "checkpoints" / "checkpoint").read_text()
+    assert "ckpt-30" in latest or "ckpt-60" in latest
+
+    _run_cluster(tmp_path, *args)
+    resumed = _results(tmp_path / "W0")
+    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
+    assert resumed["test_loss"] == pytest.approx(reference["test_loss"], abs=1e-6)
+    history = [int(r.split(",")[0]) for r in
+               (tmp_path / "W0" / "history.csv").read_text().splitlines()[1:]]
+    assert history == [1, 2, 3]
+
+
+def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_path, reference):
+    args = (*fast_overrides(tiny_data_dir), *RUN, "loop=keras_fit")
+    procs, _ = _cluster(tmp_path, *args)
+    _wait_rows(procs, tmp_path / "W0", 1)
+    time.sleep(0.3)  # into epoch 2
+    procs[1].send_signal(signal.SIGTERM)
+    outputs = [_finish(p) for p in procs]
+    stops = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+        stops += re.findall(r"preemption signal \(SIGTERM to a worker\) at (epoch \d+, step \d+)",
+                            out)
+    assert len(stops) == 2 and stops[0] == stops[1], stops  # both at the same step
+    assert _results(tmp_path / "W0")["status"] == "interrupted"
+
+    _run_cluster(tmp_path, *args)
+    resumed = _results(tmp_path / "W0")
+    assert resumed["epochs_completed"] == 3
+    assert resumed["test_loss"] == pytest.approx(reference["test_loss"], abs=1e-6)
 
 
 def test_lone_worker_gives_up_naming_the_missing_peer(tiny_data_dir, tmp_path):
     workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
     start = time.time()
-    proc = _worker(0, workers, *fast_overrides(tiny_data_dir), "loop=custom",
-                   "strategy.connect_timeout_s=5", f"hydra.run.dir={tmp_path}")
+    proc = _start(0, workers, *fast_overrides(tiny_data_dir), "strategy.connect_timeout_s=5",
+                  f"hydra.run.dir={tmp_path}")
     out = _finish(proc, timeout=120)
-    assert proc.returncode != 0
+    assert proc.returncode == 1, out[-3000:]  # ended by distlab, not SIGKILLed
     assert time.time() - start < 100
     assert "did not form" in out and workers[1] in out, out[-3000:]
     assert "Traceback" not in out
+    failed = _results(tmp_path)
+    assert failed["status"] == "failed" and workers[1] in failed["error"]
+
+
+def _consecutive_free_ports(n: int) -> int:
+    for base in range(20000 + os.getpid() % 5000, 60000, 11):
+        try:
+            sockets = [socket.socket() for _ in range(n)]
+            for i, s in enumerate(sockets):
+                s.bind(("127.0.0.1", base + i))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def test_slurm_resolver_with_two_local_tasks(tiny_data_dir, tmp_path):
+    # the environment srun gives each task; TF's SlurmClusterResolver reads it (it expands
+    # the node list itself and asks nvidia-smi only on nodes with GPUs, so no scontrol)
+    base = _consecutive_free_ports(2)
+    slurm = {"SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2",
+             "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "1"}
+    procs = [subprocess.Popen(
+        [sys.executable, "run.py", "strategy=multi_worker_mirrored",
+         "strategy.cluster_resolver=slurm", f"strategy.slurm_port_base={base}",
+         *fast_overrides(tiny_data_dir), "trainer.epochs=1", "trainer.steps_per_epoch=4",
+         f"hydra.run.dir={tmp_path / f'T{i}'}"],
+        cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **slurm,
+             "SLURM_PROCID": str(i)}) for i in range(2)]
+    outputs = [_finish(p) for p in procs]
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-3000:]
+    chief = _results(tmp_path / "T0")
+    assert chief["num_replicas"] == 2 and chief["strategy"] == "MultiWorkerMirroredStrategy"
+    assert not (tmp_path / "T1" / "results.json").exists()

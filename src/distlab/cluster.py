@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
@@ -23,6 +24,10 @@ class Task:
     has_chief: bool = False  # the cluster names a separate "chief" task
 
     @property
+    def multi_worker(self) -> bool:
+        return len(self.workers) > 1
+
+    @property
     def is_chief(self) -> bool:
         """As TF's tutorial: the chief task, or worker 0 when the cluster has no chief."""
         if self.type in (None, "chief"):
@@ -35,11 +40,7 @@ def current_task(strategy_cfg: DictConfig) -> Task:
     if strategy_cfg.name != "multi_worker_mirrored":
         return Task()
     if strategy_cfg.cluster_resolver == "slurm":
-        procid = os.environ.get("SLURM_PROCID")
-        if procid is None:
-            raise DistlabError("strategy.cluster_resolver=slurm but SLURM_PROCID is not set: "
-                               "launch with srun inside a SLURM allocation")
-        return Task(type="worker", index=int(procid))
+        return slurm_task(strategy_cfg.slurm_port_base)
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return Task()  # a single local worker
@@ -54,3 +55,49 @@ def current_task(strategy_cfg: DictConfig) -> Task:
             f"TF_CONFIG is not valid JSON of the form {{\"cluster\": {{\"worker\": [\"host:port\""
             f", ...]}}, \"task\": {{\"type\": \"worker\", \"index\": 0}}}} ({e})"
         ) from None
+
+
+def slurm_task(port_base: int) -> Task:
+    """This srun task, and every task's host:port as TF's SlurmClusterResolver lays them out
+    (hosts sorted, tasks of a host on consecutive ports from `port_base`)."""
+    try:
+        procid = int(os.environ["SLURM_PROCID"])
+        hosts = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
+        per_host = expand_tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"])
+    except KeyError as e:
+        raise DistlabError(f"strategy.cluster_resolver=slurm but {e.args[0]} is not set: launch "
+                           "every worker with srun inside a SLURM allocation") from None
+    except ValueError as e:
+        raise DistlabError(f"strategy.cluster_resolver=slurm: cannot read the SLURM step ({e})"
+                           ) from None
+    tasks = dict(zip(hosts, per_host, strict=False))
+    workers = [f"{host}:{port_base + offset}" for host in sorted(tasks)
+               for offset in range(tasks[host])]
+    return Task(type="worker", index=procid, workers=workers)
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """SLURM's compact host list ("a,node[01-03,7]") as host names."""
+    hosts = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", hostlist):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            first, _, last = item.partition("-")
+            for n in range(int(first), int(last or first) + 1):
+                hosts.append(f"{prefix}{n:0{len(first)}d}{suffix}")
+    return hosts
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """SLURM_STEP_TASKS_PER_NODE ("2(x3),1") as one count per node."""
+    counts = []
+    for item in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not match:
+            raise ValueError(f"SLURM_STEP_TASKS_PER_NODE={spec!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts

@@ -28,6 +28,7 @@ class StrategyConfig:
     communication: str = "auto"  # multi-worker collectives: auto | ring | nccl
     cluster_resolver: str = "tf_config"  # multi-worker: tf_config | slurm
     connect_timeout_s: float = 120.0  # multi-worker: give up if the cluster does not form
+    slurm_port_base: int = 8888  # cluster_resolver=slurm: first port of each node's tasks
 
 
 @dataclass
@@ -205,6 +206,7 @@ CHECKS: list[Check] = [
     ("dataset.shuffle_buffer", *_NON_NEGATIVE),
     ("strategy.cpu_devices", *_POSITIVE),
     ("strategy.connect_timeout_s", *_POSITIVE),
+    ("strategy.slurm_port_base", lambda v: 1024 <= v < 65536, "must be a port in [1024, 65536)"),
     ("strategy.communication", lambda v: v in ("auto", "ring", "nccl"),
      "must be one of auto, ring, nccl"),
     ("strategy.cluster_resolver", lambda v: v in ("tf_config", "slurm"),
@@ -259,11 +261,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(
             f"schedule.factors has {len(factors)} entries but schedule.boundaries has "
             f"{len(boundaries)}: give one factor more than boundaries"
-        )
-    if cfg.strategy.name == "multi_worker_mirrored" and cfg.loop.name == "keras_fit":
-        raise ConfigError(
-            "loop=keras_fit cannot run under strategy=multi_worker_mirrored: Keras 3's fit fails "
-            "there (keras#20585, 'Attempt to convert a value (PerReplica...)'). Use loop=custom"
         )
     if cfg.loop.jit_compile and (OmegaConf.select(cfg, "strategy.cpu_devices") or 1) > 1:
         raise ConfigError(JIT_ON_LOGICAL_CPUS)

@@ -29,8 +29,9 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[StopRequest]:
-    """While active, the first SIGTERM/SIGINT only sets the flag; a second one aborts at once."""
+def stop_on_signals(sigterm: bool = True) -> Iterator[StopRequest]:
+    """While active, the first SIGTERM/SIGINT only sets the flag; a second one aborts at once.
+    `sigterm=False` leaves SIGTERM to another handler (PreemptionCheckpointHandler)."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request  # signals are delivered to the main thread only
@@ -41,7 +42,9 @@ def stop_on_signals() -> Iterator[StopRequest]:
             raise KeyboardInterrupt(f"second signal {signum}: stopping without a checkpoint")
         request.signum = signum
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    signals = (signal.SIGTERM, signal.SIGINT) if sigterm else (signal.SIGINT,)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    previous.setdefault(signal.SIGTERM, signal.getsignal(signal.SIGTERM))  # restored after
     try:
         yield request
     finally:

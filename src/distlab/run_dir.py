@@ -8,11 +8,14 @@ results without it).
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import math
 import os
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +28,16 @@ RESULTS_FIELDS = ["status", "loop", "strategy", "num_replicas", "batch_size_per_
                   "train_examples_per_sec", "wall_time_s"]
 
 
+class RunDirBusy(DistlabError):
+    """Another live process holds the run directory."""
+
+
 class RunDir:
     """One run's directory (Hydra's output dir)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self._lock_fd: int | None = None
 
     checkpoints = property(lambda self: self.path / "checkpoints")
     logs = property(lambda self: self.path / "logs")
@@ -49,6 +57,40 @@ class RunDir:
                 f"output directory {self.path} cannot be written ({e.strerror}): choose another "
                 "with hydra.run.dir=... (or hydra.sweep.dir=... for -m)"
             ) from None
+
+    # ---- one job at a time
+    lock_file = property(lambda self: self.path / ".distlab" / "lock")
+
+    def lock(self) -> None:
+        """Hold the directory for this process, or raise RunDirBusy naming the holder.
+
+        An flock on .distlab/lock: the kernel (or the NFS server's lock manager) releases it
+        when the holder dies, kill -9 and node loss included, so no lock outlives its job."""
+        self.lock_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 300, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise RunDirBusy(
+                f"{self.path} is in use by another run ({holder or 'starting up'}): a run "
+                "directory holds one job at a time. Wait for it or stop it (a rerun then "
+                "resumes it), or choose another hydra.run.dir") from None
+        self._lock_fd = fd
+
+    def mark_holder(self) -> None:
+        """Write who holds the lock (host, pid, start), for a refused second process."""
+        if self._lock_fd is not None:
+            note = (f"host {socket.gethostname()}, pid {os.getpid()}, since "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, note.encode(), 0)
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # ---- the config the run was started with (Hydra rewrites .hydra/ on every rerun)
     def started_config(self) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ Imports TensorFlow; `distlab.run` imports this module only after validating the 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -17,7 +18,8 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab import data as data_lib
-from distlab import models, optimizers, schedules, strategies
+from distlab import models, multi_worker, optimizers, schedules, strategies
+from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError
 from distlab.loops import LOOPS
@@ -72,18 +74,31 @@ def learning_rate(cfg: DictConfig, global_batch_size: int) -> float:
                                            opt.base_batch_size)
 
 
-def execute(cfg: DictConfig, run_dir: RunDir) -> dict[str, Any]:
+def connect(cfg: DictConfig, results_json: Path | None = None,
+            failed: dict[str, Any] | None = None) -> tf.distribute.Strategy:
+    """The configured strategy (a multi-worker one forms its cluster: before any other TF
+    op; if it cannot, the watchdog writes `failed` to `results_json` and ends the process)."""
+    strategies.configure_devices(cfg.strategy)  # before any TensorFlow op
+    return strategies.build(cfg.strategy, results_json=results_json, failed=failed)
+
+
+def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy | None = None,
+            task: Task | None = None) -> dict[str, Any]:
     """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json."""
     started = time.time()
-    strategies.configure_devices(cfg.strategy)  # before any TensorFlow op
-    strategy = strategies.build(cfg.strategy)  # multi-worker: before any other TF op
+    task = task or Task()
+    strategy = strategy or connect(cfg)
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
     reset_state(cfg.seed, cfg.deterministic)
     exp = build_experiment(cfg, run_dir, strategy, started)
-    if cfg.mode == "evaluate":
-        return _evaluate(exp)
-    return _train(exp)
+    exp.task = task
+    try:
+        return _evaluate(exp) if cfg.mode == "evaluate" else _train(exp)
+    except multi_worker.PEER_ERRORS as e:
+        if not task.multi_worker:
+            raise
+        raise multi_worker.lost_worker(e, task, exp.manager.latest_checkpoint) from None
 
 
 def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
@@ -108,7 +123,14 @@ def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
 def _train(exp: Experiment) -> dict[str, Any]:
     initial_epoch, skip_steps = resume(exp)
     loop = LOOPS.get(exp.cfg.loop.name)(exp)
-    with stop_on_signals() as exp.stop:
+    # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
+    # every worker save at one step; on one machine distlab's own flag does it
+    with stop_on_signals(sigterm=not exp.task.multi_worker) as exp.stop, \
+            tempfile.TemporaryDirectory(prefix="distlab-preemption-") as scratch:
+        if exp.task.multi_worker:
+            exp.preemption = multi_worker.preemption_handler(
+                exp, Path(scratch), save=loop.controller.save_here,
+                stop=loop.controller.preempted)
         try:
             loop.train(initial_epoch, skip_steps)
         except Interrupted:
@@ -130,8 +152,12 @@ def _train(exp: Experiment) -> dict[str, Any]:
 
 
 def _evaluate(exp: Experiment) -> dict[str, Any]:
-    prefix = find_checkpoint(exp.cfg.ckpt_path)
-    restore_model(exp, prefix)
+    if exp.task.multi_worker:  # the chief's disk holds the checkpoint: restore, broadcast
+        prefix = find_checkpoint(exp.cfg.ckpt_path) if exp.task.is_chief else None
+        multi_worker.restore_from_chief(exp, prefix, lambda p: restore_model(exp, p))
+    else:
+        prefix = find_checkpoint(exp.cfg.ckpt_path)
+        restore_model(exp, prefix)
     test = LOOPS.get(exp.cfg.loop.name)(exp).evaluate()
     log.info("restored %s: test_loss %.4f - test_accuracy %.4f", prefix, test["test_loss"],
              test["test_accuracy"])
@@ -152,11 +178,18 @@ def trained_with(prefix: str) -> dict[str, Any] | None:
 
 def resume(exp: Experiment) -> tuple[int, int]:
     """Restore the run dir's latest checkpoint, if any: (epochs done, steps into the next)."""
-    latest = exp.manager.latest_checkpoint
+    latest = exp.manager.latest_checkpoint if exp.task.is_chief else None
+
+    def restore(prefix: str) -> None:
+        _restore(exp.checkpoint, prefix, exp, what="resume from")
+
+    if exp.task.multi_worker:  # only the chief's disk need hold the run dir
+        multi_worker.restore_from_chief(exp, latest, restore)
+    elif latest:
+        restore(latest)
     if not latest:  # rows of an attempt killed before its first checkpoint are trained again
         exp.run_dir.truncate_history(0)
-        return 0, 0
-    _restore(exp.checkpoint, latest, exp, what="resume from")
+        return int(exp.epoch.numpy()), int(exp.step_in_epoch.numpy())
     epoch, step = int(exp.epoch.numpy()), int(exp.step_in_epoch.numpy())
     exp.run_dir.truncate_history(epoch)
     log.info("resuming from %s: %d epoch(s) done, %d step(s) into the next", latest, epoch, step)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import json
 import logging
 import os
 import subprocess
@@ -11,7 +13,7 @@ from pathlib import Path
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.cluster import current_task
+from distlab.cluster import current_task, expand_tasks_per_node
 from distlab.errors import DistlabError
 from distlab.registry import Registry
 
@@ -111,24 +113,46 @@ def auto(cfg: DictConfig) -> tf.distribute.Strategy:
 
 
 @STRATEGIES.register("multi_worker_mirrored")
-def multi_worker_mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy from TF_CONFIG or SLURM; must be created before any TF op."""
-    resolver = (tf.distribute.cluster_resolver.SlurmClusterResolver()
-                if cfg.cluster_resolver == "slurm"
+def multi_worker_mirrored(cfg: DictConfig, results_json: Path | None = None,
+                          failed: dict | None = None) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy from TF_CONFIG or SLURM; must be created before any TF op.
+
+    TF waits forever for a missing peer, inside C++ with the GIL held and SIGTERM ignored,
+    so no Python code of this process can act. A watchdog process names the unreachable
+    workers and records `failed` in `results_json` (the chief's) after connect_timeout_s;
+    faulthandler's C-level timer then ends this process with status 1 (no "Killed")."""
+    resolver = (_slurm_resolver(cfg) if cfg.cluster_resolver == "slurm"
                 else tf.distribute.cluster_resolver.TFConfigClusterResolver())
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=_COMMUNICATION[cfg.communication])
-    # TF waits forever (GIL held, SIGTERM ignored) for a missing peer: a watchdog process
-    # names the unreachable workers and kills this one after connect_timeout_s.
+    report = json.dumps({"path": str(results_json) if results_json else None,
+                         "results": failed or {}})
     watchdog = subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
-                                 str(os.getpid()), str(cfg.connect_timeout_s),
+                                 str(os.getpid()), str(cfg.connect_timeout_s), report,
                                  *current_task(cfg).workers])
-    try:
-        return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
-                                                         communication_options=options)
-    finally:
-        watchdog.kill()
-        watchdog.wait()
+    with open(os.devnull, "w") as sink:
+        faulthandler.dump_traceback_later(cfg.connect_timeout_s + GRACE_S, exit=True, file=sink)
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                             communication_options=options)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+            watchdog.kill()
+            watchdog.wait()
+
+
+GRACE_S = 2.0  # the watchdog reports first; then this process ends
+
+
+def _slurm_resolver(cfg: DictConfig) -> tf.distribute.cluster_resolver.SlurmClusterResolver:
+    """TF's SlurmClusterResolver. On nodes without GPUs it is given one nominal GPU slot
+    per task (it lays tasks out by GPUs, and asks nvidia-smi otherwise)."""
+    slurm = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if tf.config.list_physical_devices("GPU"):
+        return slurm(port_base=cfg.slurm_port_base)
+    per_node = max(expand_tasks_per_node(os.environ.get("SLURM_STEP_TASKS_PER_NODE", "1")))
+    return slurm(port_base=cfg.slurm_port_base, gpus_per_node=per_node, gpus_per_task=1,
+                 auto_set_gpu=False)
 
 
 def name(strategy: tf.distribute.Strategy) -> str:
@@ -152,8 +176,13 @@ def local_cpu_replicas(strategy: tf.distribute.Strategy) -> int:
     return sum("CPU" in d.upper().split("/")[-1] for d in devices)
 
 
-def build(cfg: DictConfig) -> tf.distribute.Strategy:
-    strategy = STRATEGIES.get(cfg.name)(cfg)
+def build(cfg: DictConfig, results_json: Path | None = None,
+          failed: dict | None = None) -> tf.distribute.Strategy:
+    """The strategy `cfg` names (multi-worker: `results_json` gets `failed` on a timeout)."""
+    if cfg.name == "multi_worker_mirrored":
+        strategy = multi_worker_mirrored(cfg, results_json, failed)
+    else:
+        strategy = STRATEGIES.get(cfg.name)(cfg)
     try:
         devices = strategy.extended.worker_devices
     except RuntimeError:  # the default strategy has none

@@ -3,18 +3,26 @@
 MultiWorkerMirroredStrategy blocks inside TensorFlow's C++ runtime, holding the GIL and
 ignoring SIGTERM, while a peer is missing; no thread of the waiting process can run. This
 script, started as its own process, waits `timeout` seconds; if it has not been stopped by
-then it names the workers that do not answer and SIGKILLs the waiting process.
+then it names the workers that do not answer, writes the failed results.json the report
+names (the chief's), and leaves the waiting process to faulthandler's timer, which ends it
+with status 1 a moment later; it SIGKILLs the process only if that did not happen.
 
-    python watchdog.py PARENT_PID TIMEOUT_S HOST:PORT [HOST:PORT ...]
+    python watchdog.py PARENT_PID TIMEOUT_S REPORT_JSON HOST:PORT [HOST:PORT ...]
+
+REPORT_JSON is {"path": results.json or null, "results": the failed results to write}.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import sys
 import time
+from pathlib import Path
+
+KILL_AFTER_S = 10.0  # after the timeout, if faulthandler has not ended the process
 
 
 def unreachable(workers: list[str]) -> list[str]:
@@ -28,18 +36,48 @@ def unreachable(workers: list[str]) -> list[str]:
     return down
 
 
+def _write_failed(report: dict, message: str, waited: float) -> None:
+    if not report.get("path"):
+        return
+    path = Path(report["path"])
+    results = {**report.get("results", {}), "error": message, "wall_time_s": waited}
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        previous = json.loads(path.read_text()) if path.exists() else {}
+        if previous.get("status") == "completed":
+            return  # never overwrite a completed run's results
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
 def main(argv: list[str]) -> int:
-    parent, timeout, workers = int(argv[0]), float(argv[1]), argv[2:]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    parent, timeout, report, workers = int(argv[0]), float(argv[1]), json.loads(argv[2]), argv[3:]
+    started = time.time()
+    while time.time() - started < timeout:
         if os.getppid() != parent:  # the parent is gone: nothing to guard
             return 0
         time.sleep(0.2)
     down = ", ".join(unreachable(workers)) or "none refused a connection (a peer may be stuck)"
-    print(f"error: the multi-worker cluster did not form within strategy.connect_timeout_s="
-          f"{timeout:g} s; unreachable workers: {down}. Start every worker listed in TF_CONFIG "
-          "(or srun all tasks), or raise strategy.connect_timeout_s", file=sys.stderr, flush=True)
-    os.kill(parent, signal.SIGKILL)
+    message = (f"the multi-worker cluster did not form within strategy.connect_timeout_s="
+               f"{timeout:g} s; unreachable workers: {down}. Start every worker listed in "
+               "TF_CONFIG (or srun all tasks), or raise strategy.connect_timeout_s")
+    _write_failed(report, message, time.time() - started)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    deadline = time.time() + KILL_AFTER_S
+    while time.time() < deadline and _alive(parent) and os.getppid() == parent:
+        time.sleep(0.2)
+    if os.getppid() == parent and _alive(parent):
+        os.kill(parent, signal.SIGKILL)
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
+from distlab.cluster import Task
 from distlab.data import Data, distribute
 from distlab.errors import DistlabError
 from distlab.preemption import Interrupted, StopRequest
@@ -44,6 +46,8 @@ class Experiment:
     step_in_epoch: tf.Variable  # steps done in epoch `epoch` (non-zero after a preemption)
     started: float = field(default_factory=time.time)
     stop: StopRequest = field(default_factory=StopRequest)
+    task: Task = field(default_factory=Task)  # this process in a multi-worker cluster
+    preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
 
     def learning_rate_at_epoch(self, epoch: int) -> float:
         """The learning rate of the first step of `epoch` (0-based)."""
@@ -68,6 +72,7 @@ class Controller:
         self.exp = exp
         self.epochs: list[dict[str, Any]] = []
         self.first_step_at: float | None = None
+        self._position = (0, 0)  # (epochs done, steps into the next) at the last boundary
         logs = exp.run_dir.logs  # the tags keras.callbacks.TensorBoard uses, for both loops
         self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
                          "validation": tf.summary.create_file_writer(str(logs / "validation"))}
@@ -84,17 +89,33 @@ class Controller:
                 f"stopped; the last good checkpoint ({latest}) is kept. Lower "
                 "optimizer.learning_rate or set optimizer.clipnorm"
             )
-        if self.exp.stop:
-            self.interrupt(epoch, steps_done)
+        if steps_done < self.exp.data.steps_per_epoch:  # else epoch_end stops, after its row
+            self.stop_if_asked(epoch, steps_done)
 
-    def interrupt(self, epochs_done: int, steps_in_epoch: int) -> None:
-        """Checkpoint where we are and raise Interrupted (the run can then be resumed)."""
-        path = save_checkpoint(self.exp, epochs_done, steps_in_epoch)
+    def stop_if_asked(self, epochs_done: int, steps_in_epoch: int) -> None:
+        """At a step boundary: checkpoint and raise Interrupted if a stop was asked for (a
+        signal here; across workers, a SIGTERM to any of them, at a step they agree on)."""
+        self._position = (epochs_done, steps_in_epoch)
+        if self.exp.preemption is not None:
+            self.exp.preemption.save_checkpoint_if_preempted()  # may call save_here, preempted
+        elif self.exp.stop:
+            path = self.save_here()
+            raise Interrupted(
+                f"stopped by signal {self.exp.stop.signum} at epoch {epochs_done + 1}, step "
+                f"{steps_in_epoch}; checkpoint {path} saved. Rerun the same command to resume.",
+                self.exp.stop.signum)
+
+    def save_here(self) -> str:
+        """A checkpoint at the current step boundary."""
+        return save_checkpoint(self.exp, *self._position)
+
+    def preempted(self, path: str) -> None:
+        """Every worker saved `path` at the same step after a SIGTERM to one of them."""
+        epochs_done, steps = self._position
         raise Interrupted(
-            f"stopped by signal {self.exp.stop.signum} at epoch {epochs_done + 1}, step "
-            f"{steps_in_epoch}; checkpoint {path} saved. Rerun the same command to resume.",
-            self.exp.stop.signum,
-        )
+            f"stopped by a preemption signal (SIGTERM to a worker) at epoch {epochs_done + 1}, "
+            f"step {steps}; every worker saved a checkpoint: {path}. Rerun all workers to resume.",
+            signal.SIGTERM)
 
     def epoch_end(self, epoch: int, metrics: dict[str, float], epoch_seconds: float,
                   train_seconds: float, steps_run: int) -> dict[str, Any]:
@@ -121,8 +142,7 @@ class Controller:
         exp.run_dir.append_history(row)
         self._write_scalars(epoch, row)
         log.info(_summary_line(row, exp.cfg.trainer.epochs))
-        if exp.stop:  # a signal during validation: this epoch is done, save it and stop
-            self.interrupt(epoch + 1, 0)
+        self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
         exp.epoch.assign(epoch + 1)
         last = epoch + 1 == exp.cfg.trainer.epochs
         if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last:

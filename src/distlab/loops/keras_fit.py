@@ -62,14 +62,19 @@ class KerasFitLoop(Loop):
     def __init__(self, exp) -> None:
         super().__init__(exp)
         cfg = exp.cfg
-        if cfg.loop.steps_per_execution > 1 and exp.strategy.num_replicas_in_sync > 1:
+        replicas = exp.strategy.num_replicas_in_sync
+        corrected = keras_fixes.apply()
+        if not corrected and cfg.strategy.name == "multi_worker_mirrored":
+            raise DistlabError(
+                f"loop=keras_fit fails under strategy=multi_worker_mirrored in Keras "
+                f"{keras.__version__} (keras#20585), which distlab corrects only for the Keras "
+                "versions it was checked with. Use loop=custom")
+        if not corrected and replicas > 1 and cfg.loop.steps_per_execution > 1:
             raise DistlabError(
                 f"loop.steps_per_execution={cfg.loop.steps_per_execution} fails with "
-                f"{exp.strategy.num_replicas_in_sync} replicas in Keras 3 (keras#19246: 'You "
-                "must feed a value for placeholder tensor'). Use loop.steps_per_execution=1, "
-                "or loop=custom with loop.steps_per_loop for the same effect"
-            )
-        keras_fixes.apply()
+                f"{replicas} replicas in Keras {keras.__version__} (keras#19246), which distlab "
+                "corrects only for the Keras versions it was checked with. Use "
+                "loop.steps_per_execution=1, or loop=custom with loop.steps_per_loop")
         from_logits = exp.from_logits
         with exp.strategy.scope():
             exp.model.compile(

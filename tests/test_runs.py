@@ -150,15 +150,6 @@ def test_auto_strategy_mirrors_only_with_several_devices(run_inprocess):
     assert (two["strategy"], two["num_replicas"]) == ("MirroredStrategy", 2)
 
 
-def test_steps_per_execution_with_replicas_names_the_upstream_bug(run_inprocess, tmp_path):
-    fast = run_inprocess("strategy=default", "loop.steps_per_execution=4",
-                         "trainer.steps_per_epoch=8", "trainer.epochs=1")
-    assert fast["status"] == "completed"
-    with pytest.raises(SystemExit):
-        run_inprocess("strategy.cpu_devices=2", "loop.steps_per_execution=4", out=tmp_path / "x")
-    assert "keras#19246" in json.loads((tmp_path / "x" / "results.json").read_text())["error"]
-
-
 def test_a_device_that_does_not_exist_is_refused(run_inprocess, tmp_path):
     for device in ("/gpu:0", "/cpu:5"):
         with pytest.raises(SystemExit) as e:

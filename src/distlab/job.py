@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import sys
 import tempfile
@@ -82,7 +81,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
                        "completed" if _already_completed(previous, cfg) else "train")
         strategy = None
         if task.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
-            _quiet_tensorflow(cfg)
             from distlab import multi_worker, runner
 
             strategy = runner.connect(cfg, run_dir.results_json if task.is_chief else None,
@@ -101,7 +99,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         if cfg.mode == "train":
             run_dir.mark_holder()
             run_dir.record_start(config)
-        _quiet_tensorflow(cfg)
         from distlab.runner import execute  # imports TensorFlow
 
         results = execute(cfg, run_dir, strategy=strategy, task=task)
@@ -130,16 +127,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     return _objective(results, cfg)
-
-
-def _quiet_tensorflow(cfg: DictConfig) -> None:
-    """Environment TensorFlow reads when it is first imported (no effect after that).
-
-    `deterministic=true` also turns off oneDNN's graph rewrites: their fused kernels round
-    differently depending on how steps are grouped into graphs, so without this fit with
-    steps_per_execution=1 and =10 differ in the 7th digit after a few hundred steps."""
-    if cfg.deterministic:
-        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:

@@ -6,7 +6,9 @@
    trainer.epochs=1, both loops (export check included).
 2. One checkpoint (from 1) evaluated under strategy=default, cpu_devices=2 and 3.
 3. A full Fashion-MNIST epoch with 3 replicas x 64 (60,000 = 312 x 192 + 96) against
-   1 replica x 192, both loops, the two-conv model, deterministic=true.
+   1 replica x 192, both loops, the two-conv model, deterministic=true, with SGD and with
+   Adam (whose update g / (sqrt(v) + eps) turns float noise in near-zero gradients into
+   lr-sized steps, so the two replica counts drift apart by more than rounding).
 4. Batch 33 per replica on 2 replicas, custom loop, one full MNIST epoch.
 5. fit with steps_per_execution=7, 300 steps per epoch, 3 epochs: checkpoint names; then
    kill -9 after epoch 1, rerun, and compare test loss with the uninterrupted run.
@@ -59,16 +61,18 @@ def main(out: Path) -> None:
 
     common = ["dataset=fashion_mnist", "model=fashion_cnn", "trainer.epochs=1",
               "deterministic=true", "seed=7", "trainer.export=false", "trainer.validate_every=0"]
-    for loop in ("custom", "keras_fit"):
-        figures = {}
-        for replicas, batch in ((1, 192), (3, 64)):
-            d = out / f"empty_{loop}_{replicas}"
-            run([*common, f"loop={loop}", f"strategy.cpu_devices={replicas}",
-                 f"dataset.batch_size_per_replica={batch}", f"hydra.run.dir={d}"])
-            figures[replicas] = results(d)
-            show(f"3. {loop} {replicas} x {batch}", figures[replicas])
-        print(f"3. {loop}: |test_loss(3x64) - test_loss(1x192)| = "
-              f"{abs(figures[3]['test_loss'] - figures[1]['test_loss']):.3g}", flush=True)
+    for optimizer in ("sgd", "adam"):
+        for loop in ("custom", "keras_fit"):
+            figures = {}
+            for replicas, batch in ((1, 192), (3, 64)):
+                d = out / f"empty_{optimizer}_{loop}_{replicas}"
+                run([*common, f"optimizer={optimizer}", f"loop={loop}",
+                     f"strategy.cpu_devices={replicas}",
+                     f"dataset.batch_size_per_replica={batch}", f"hydra.run.dir={d}"])
+                figures[replicas] = results(d)
+                show(f"3. {optimizer} {loop} {replicas} x {batch}", figures[replicas])
+            print(f"3. {optimizer} {loop}: |test_loss(3x64) - test_loss(1x192)| = "
+                  f"{abs(figures[3]['test_loss'] - figures[1]['test_loss']):.3g}", flush=True)
 
     d = out / "batch33"
     run(["loop=custom", "dataset=mnist", "dataset.batch_size_per_replica=33",

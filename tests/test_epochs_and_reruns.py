@@ -53,12 +53,12 @@ def _checkpoints(run_dir: Path) -> list[str]:
 
 def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_path):
     args = [*fast_overrides(tiny_data_dir), "strategy=default", "loop.steps_per_execution=7",
-            "trainer.steps_per_epoch=300", "trainer.epochs=3", "trainer.validate_every=0",
+            "trainer.steps_per_epoch=100", "trainer.epochs=3", "trainer.validate_every=0",
             "deterministic=true", "seed=3"]
     a, b = tmp_path / "a", tmp_path / "b"
     out = run_cli(*args, f"hydra.run.dir={a}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert _checkpoints(a) == ["ckpt-300", "ckpt-600", "ckpt-900"]
+    assert _checkpoints(a) == ["ckpt-100", "ckpt-200", "ckpt-300"]  # not 101/202/300
     assert _epochs(a) == [1, 2, 3]
 
     _kill_after_rows([*args, f"hydra.run.dir={b}"], b, rows=1)
@@ -78,7 +78,7 @@ def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):
 
 def test_kill_before_the_first_checkpoint_then_rerun(tiny_data_dir, tmp_path):
     args = [*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=3",
-            "trainer.steps_per_epoch=150", "trainer.checkpoint_every=5",
+            "trainer.steps_per_epoch=100", "trainer.checkpoint_every=5",
             f"hydra.run.dir={tmp_path}"]
     _kill_after_rows(args, tmp_path, rows=2)
     assert not _checkpoints(tmp_path)
@@ -117,7 +117,7 @@ def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_d
 
 
 def test_one_job_per_run_directory(tiny_data_dir, tmp_path):
-    args = [*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=150",
+    args = [*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=100",
             f"hydra.run.dir={tmp_path}"]
     first = _start(*args)
     try:
@@ -138,9 +138,16 @@ def test_one_job_per_run_directory(tiny_data_dir, tmp_path):
     assert _epochs(tmp_path) == [1, 2]
     assert _results(tmp_path)["status"] == "completed"
 
-    # a holder killed with -9 leaves no lock behind: the rerun resumes at once
-    _kill_after_rows([*args, "trainer.epochs=4"], tmp_path, rows=3)
-    out = run_cli(*args, "trainer.epochs=4")
+    # a holder killed with -9 leaves no lock behind: the rerun goes ahead at once
+    holder = _start(*args, "trainer.epochs=3")
+    try:
+        while f"pid {holder.pid}," not in lock.read_text():
+            assert holder.poll() is None and time.time() < deadline + 120
+            time.sleep(0.05)
+    finally:
+        holder.kill()
+        holder.wait()
+    out = run_cli(*args, "trainer.epochs=3")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert _epochs(tmp_path) == [1, 2, 3, 4]
+    assert _epochs(tmp_path) == [1, 2, 3]
 

@@ -116,6 +116,13 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
     extra = {p.name for p in (tmp_path / "W1").iterdir()} - {".hydra", "run.log"}
     assert not extra, extra  # worker 1 wrote only what Hydra writes
 
+    if loop == "custom":  # evaluate across the workers: only the chief's disk has the checkpoint
+        _run_cluster(tmp_path / "eval", *fast_overrides(tiny_data_dir), f"loop={loop}",
+                     "mode=evaluate", f"ckpt_path={tmp_path / 'W0'}")
+        evaluated = _results(tmp_path / "eval" / "W0")
+        assert evaluated["num_replicas"] == 2
+        assert evaluated["test_loss"] == pytest.approx(chief["test_loss"], abs=1e-6)
+
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir, tmp_path,

@@ -165,10 +165,11 @@ def _evaluate(exp: Experiment) -> dict[str, Any]:
         prefix = find_checkpoint(exp.cfg.ckpt_path)
         restore_model(exp, prefix)
     test = LOOPS.get(exp.cfg.loop.name)(exp).evaluate()
-    log.info("restored %s: test_loss %.4f - test_accuracy %.4f", prefix, test["test_loss"],
-             test["test_accuracy"])
+    log.info("restored %s: test_loss %.4f - test_accuracy %.4f",
+             prefix or "the chief's checkpoint", test["test_loss"], test["test_accuracy"])
     return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None,
-                    learning_rate=None, steps_per_epoch=None, trained=trained_with(prefix))
+                    learning_rate=None, steps_per_epoch=None,
+                    trained=trained_with(prefix) if prefix else None)
 
 
 TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",

@@ -103,12 +103,14 @@ def test_a_failed_run_without_checkpoint_accepts_a_new_config(tiny_data_dir, tmp
 
 
 def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_dir, tmp_path):
-    # keras#19246 is corrected; with deterministic=true the block size changes nothing
+    # keras#19246 is corrected; with oneDNN's kernels off the block size changes no digit
+    # (with them, rounding differs between the two graphs: README "Keras corrections")
     losses = []
     for block in (1, 10):
         out = run_cli(*fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
                       f"loop.steps_per_execution={block}", "trainer.steps_per_epoch=25",
-                      "deterministic=true", "seed=2", f"hydra.run.dir={tmp_path / str(block)}")
+                      "deterministic=true", "seed=2", f"hydra.run.dir={tmp_path / str(block)}",
+                      env={"TF_ENABLE_ONEDNN_OPTS": "0"})
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         results = _results(tmp_path / str(block))
         assert results["num_replicas"] == 2

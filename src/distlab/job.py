@@ -96,8 +96,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
                      run_dir.path, (previous or {}).get("epochs_completed", "its"),
                      json.dumps(previous or {}))
             return _objective(previous or {}, cfg)
+        run_dir.mark_holder()
         if cfg.mode == "train":
-            run_dir.mark_holder()
             run_dir.record_start(config)
         from distlab.runner import execute  # imports TensorFlow
 

@@ -198,9 +198,10 @@ def ensure_prepared(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder
     if host is not None:
         raise DistlabError(
             f"dataset {name!r} is not prepared in {where} and its download host {host} "
-            f"is unreachable (offline?). Provide the prepared data: set TFDS_DATA_DIR or "
-            f"dataset.data_dir to a directory holding {name}/<version>/ (for example "
-            f"../shared/tensorflow_datasets), or run once with network access."
+            f"is unreachable (offline?). Run once with network access (tfds then prepares it), "
+            f"or prepare it where there is network (`tfds build {name} --data_dir DIR`), copy "
+            f"DIR here and set TFDS_DATA_DIR or dataset.data_dir to it (it holds "
+            f"{name}/<version>/)."
         )
     log.info("downloading and preparing %s into %s", name, where)
     builder.download_and_prepare()

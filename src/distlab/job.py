@@ -118,7 +118,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         if not user_error:
             _traceback_to_log_file(e)
         log.error(message if user_error else message.splitlines()[0] + " (traceback in run.log)")
-        _keep_or_write_failed(run_dir, failed_results(cfg, message, started))
+        run_dir.record_failure(failed_results(cfg, message, started))
         if _is_multirun():
             return None
         sys.exit(2 if user_error else 1)
@@ -185,13 +185,3 @@ def _traceback_to_log_file(error: BaseException) -> None:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
 
-
-def _keep_or_write_failed(run_dir: RunDir, failed: dict[str, Any]) -> None:
-    """Record the failure, but never overwrite a completed run's results.json."""
-    previous = run_dir.read_results()
-    if previous and previous.get("status") == "completed":
-        return
-    try:
-        run_dir.write_results(failed)
-    except OSError:
-        pass

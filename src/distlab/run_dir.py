@@ -163,6 +163,16 @@ class RunDir:
         """Atomic replace, so a crash never leaves a half-written results.json."""
         _write_json_atomic(self.results_json, results)
 
+    def record_failure(self, failed: dict[str, Any]) -> None:
+        """Write a failed results.json, but never over a completed run's (nor raise)."""
+        previous = self.read_results()
+        if previous and previous.get("status") == "completed":
+            return
+        try:
+            self.write_results(failed)
+        except OSError:
+            pass
+
     def read_results(self) -> dict[str, Any] | None:
         try:
             return json.loads(self.results_json.read_text())

@@ -87,7 +87,7 @@ def _mirrored(devices: list[str]) -> tf.distribute.MirroredStrategy:
     (ReductionToOneDevice) instead of with collective ops: TF keys collective groups per
     process, so a second strategy over another number of CPUs in the same process (an
     in-process sweep) fails with "joining a group with size 3, but that group has size 2"."""
-    cpus_only = all("CPU" in d.upper().split("/")[-1] for d in devices)
+    cpus_only = all(_is_cpu(d) for d in devices)
     ops = tf.distribute.ReductionToOneDevice() if cpus_only and len(devices) > 1 else None
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
 
@@ -167,13 +167,21 @@ def name(strategy: tf.distribute.Strategy) -> str:
         strategy).__name__
 
 
+def _is_cpu(device: str) -> bool:
+    return "CPU" in device.upper().split("/")[-1]
+
+
+def _worker_devices(strategy: tf.distribute.Strategy) -> tuple[str, ...]:
+    try:
+        return tuple(strategy.extended.worker_devices)
+    except RuntimeError:  # the default strategy has none
+        return ()
+
+
 def local_cpu_replicas(strategy: tf.distribute.Strategy) -> int:
     """How many of this worker's replicas are (logical) CPU devices."""
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy has none
-        return 1
-    return sum("CPU" in d.upper().split("/")[-1] for d in devices)
+    devices = _worker_devices(strategy)
+    return sum(_is_cpu(d) for d in devices) if devices else 1
 
 
 def build(cfg: DictConfig, results_json: Path | None = None,
@@ -183,10 +191,7 @@ def build(cfg: DictConfig, results_json: Path | None = None,
         strategy = multi_worker_mirrored(cfg, results_json, failed)
     else:
         strategy = STRATEGIES.get(cfg.name)(cfg)
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy has none
-        devices = ()
+    devices = _worker_devices(strategy)
     log.info("strategy %s with %d replica(s) on %s", name(strategy),
              strategy.num_replicas_in_sync, ", ".join(d.split("/")[-1] for d in devices) or "-")
     return strategy

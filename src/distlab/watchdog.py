@@ -39,17 +39,11 @@ def unreachable(workers: list[str]) -> list[str]:
 def _write_failed(report: dict, message: str, waited: float) -> None:
     if not report.get("path"):
         return
-    path = Path(report["path"])
-    results = {**report.get("results", {}), "error": message, "wall_time_s": waited}
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        previous = json.loads(path.read_text()) if path.exists() else {}
-        if previous.get("status") == "completed":
-            return  # never overwrite a completed run's results
-        tmp.write_text(json.dumps(results, indent=2) + "\n")
-        os.replace(tmp, path)
-    except (OSError, ValueError):
-        pass
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    from distlab.run_dir import RunDir
+
+    RunDir(Path(report["path"]).parent).record_failure(
+        {**report.get("results", {}), "error": message, "wall_time_s": waited})
 
 
 def _alive(pid: int) -> bool:
@@ -71,8 +65,8 @@ def main(argv: list[str]) -> int:
     message = (f"the multi-worker cluster did not form within strategy.connect_timeout_s="
                f"{timeout:g} s; unreachable workers: {down}. Start every worker listed in "
                "TF_CONFIG (or srun all tasks), or raise strategy.connect_timeout_s")
-    _write_failed(report, message, time.time() - started)
     print(f"error: {message}", file=sys.stderr, flush=True)
+    _write_failed(report, message, time.time() - started)
     deadline = time.time() + KILL_AFTER_S
     while time.time() < deadline and _alive(parent) and os.getppid() == parent:
         time.sleep(0.2)

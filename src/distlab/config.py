@@ -165,24 +165,32 @@ class Config:
 
 
 def register_configs() -> None:
-    """Put the schemas in Hydra's ConfigStore (YAML files extend them via `defaults`)."""
+    """Put the schemas in Hydra's ConfigStore (YAML files extend them via `defaults`).
+
+    They are stored as top-level configs named `schema_<group>[_<option>]`, not as groups,
+    so `--help` lists only the real option groups.
+    """
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    for group, name, node in [
-        ("strategy", "strategy", StrategyConfig),
-        ("dataset", "dataset", DatasetConfig),
-        ("model", "model", ModelConfig),
-        ("optimizer", "adam", AdamConfig),
-        ("optimizer", "sgd", SGDConfig),
-        ("optimizer", "rmsprop", RMSpropConfig),
-        ("schedule", "constant", ConstantScheduleConfig),
-        ("schedule", "step_decay", StepDecayConfig),
-        ("schedule", "cosine", CosineScheduleConfig),
-        ("schedule", "exponential", ExponentialScheduleConfig),
-        ("loop", "keras_fit", KerasFitLoopConfig),
-        ("loop", "custom", CustomLoopConfig),
-    ]:  # under schema/<group>, so they do not show up as options of <group>
-        cs.store(group=f"schema/{group}", name=name, node=node)
+    for name, node in SCHEMAS.items():
+        cs.store(name=name, node=node)
+
+
+# A group option's YAML starts with `defaults: [/schema_<...>@_here_, _self_]`.
+SCHEMAS: dict[str, type] = {
+    "schema_strategy": StrategyConfig,
+    "schema_dataset": DatasetConfig,
+    "schema_model_cnn": ModelConfig,
+    "schema_optimizer_adam": AdamConfig,
+    "schema_optimizer_sgd": SGDConfig,
+    "schema_optimizer_rmsprop": RMSpropConfig,
+    "schema_schedule_constant": ConstantScheduleConfig,
+    "schema_schedule_step_decay": StepDecayConfig,
+    "schema_schedule_cosine": CosineScheduleConfig,
+    "schema_schedule_exponential": ExponentialScheduleConfig,
+    "schema_loop_keras_fit": KerasFitLoopConfig,
+    "schema_loop_custom": CustomLoopConfig,
+}
 
 
 # --------------------------------------------------------------------------- values

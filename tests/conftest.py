@@ -54,11 +54,68 @@ def _write_tiny(name: str, data_dir: Path) -> None:
     ).download_and_prepare()
 
 
+def _write_tiny_cifar10(data_dir: Path, n_train: int = 256, n_test: int = 64) -> None:
+    """CIFAR-10-shaped data under tfds' real `cifar10` name, version and features."""
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    rng = np.random.default_rng(1)
+
+    def split(n: int, prefix: str) -> tf.data.Dataset:
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 80, (n, 32, 32, 3)).astype(np.uint8)
+        for i, label in enumerate(labels):  # a coloured square whose place encodes the label
+            images[i, 3 * label : 3 * label + 6, 8:20, label % 3] = 240
+        ids = [f"{prefix}_{i:05d}" for i in range(n)]
+        return tf.data.Dataset.from_tensor_slices({"id": ids, "image": images, "label": labels})
+
+    features = tfds.features.FeaturesDict({
+        "id": tfds.features.Text(),
+        "image": tfds.features.Image(shape=(32, 32, 3)),
+        "label": tfds.features.ClassLabel(num_classes=10),
+    })
+    tfds.dataset_builders.TfDataBuilder(
+        name="cifar10", version="3.0.2", features=features, data_dir=str(data_dir),
+        split_datasets={"train": split(n_train, "train"), "test": split(n_test, "test")},
+    ).download_and_prepare()
+
+
+TINY_REGRESSION_FEATURES = 6
+
+
+def _write_tiny_regression(data_dir: Path) -> None:
+    """A tfds dataset with its own feature names and a float label: y = x . w + noise."""
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=TINY_REGRESSION_FEATURES).astype(np.float32)
+
+    def split(n: int) -> tf.data.Dataset:
+        x = rng.normal(size=(n, TINY_REGRESSION_FEATURES)).astype(np.float32)
+        y = (x @ w + 0.1 * rng.normal(size=n)).astype(np.float32)
+        return tf.data.Dataset.from_tensor_slices({"measurements": x, "target": y})
+
+    features = tfds.features.FeaturesDict({
+        "measurements": tfds.features.Tensor(shape=(TINY_REGRESSION_FEATURES,),
+                                             dtype=np.float32),
+        "target": tfds.features.Tensor(shape=(), dtype=np.float32),
+    })
+    tfds.dataset_builders.TfDataBuilder(
+        name="tiny_regression", version="1.0.0", features=features, data_dir=str(data_dir),
+        split_datasets={"train": split(TINY_TRAIN), "test": split(TINY_TEST)},
+    ).download_and_prepare()
+
+
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory) -> Path:
     data_dir = tmp_path_factory.mktemp("tfds")
     for name in ("mnist", "fashion_mnist"):
         _write_tiny(name, data_dir)
+    _write_tiny_cifar10(data_dir)
+    _write_tiny_regression(data_dir)
     return data_dir
 
 

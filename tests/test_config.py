@@ -43,17 +43,18 @@ def test_defaults_are_the_first_reference_workload():
     assert list(cfg.schedule.boundaries) == [3, 7]
 
 
-def test_every_group_option_has_a_registered_builder():
-    from distlab import models, optimizers, schedules, strategies
-    from distlab.loops import LOOPS
+def test_every_group_option_has_a_registered_builder_that_imports():
+    from distlab.registry import REGISTRIES
 
-    registries = {"strategy": strategies.STRATEGIES, "model": models.MODELS,
-                  "optimizer": optimizers.OPTIMIZERS, "schedule": schedules.SCHEDULES,
-                  "loop": LOOPS}
-    for group, registry in registries.items():
+    for group, registry in REGISTRIES.items():
+        if group == "dataset":  # tfds names
+            continue
         for option in _options(group):
             name = compose([f"{group}={option}"])[group].name
             assert name in registry, f"{group}={option} names unregistered {name!r}"
+            assert callable(registry.get(name))
+        for name in registry.names():  # every built-in import path resolves
+            assert callable(registry.get(name)), name
 
 
 def test_presets():

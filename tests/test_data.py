@@ -33,7 +33,7 @@ def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
 
 def test_real_prepared_dir_and_global_batch(tiny_data_dir):
     d = data_lib.load(_cfg(tiny_data_dir), num_replicas=2, seed=0, steps_per_epoch=None)
-    assert (d.num_train, d.num_test, d.num_classes) == (TINY_TRAIN, TINY_TEST, 10)
+    assert (d.num_train, d.num_test, d.outputs) == (TINY_TRAIN, TINY_TEST, 10)
     assert d.global_batch_size == 128 and d.steps_per_epoch == 4
     assert sum(int(b[0].shape[0]) for b in d.test) == TINY_TEST
     assert d.examples_per_epoch == TINY_TRAIN

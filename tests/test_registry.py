@@ -1,30 +1,205 @@
+"""Registries, import paths, `imports:`, entry points and user schemas (no training)."""
+
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
 
-from distlab.registry import Registry, RegistryError
+import pytest
+from conftest import ROOT, compose
+
+from distlab import plugins
+from distlab.errors import DistlabError
+from distlab.registry import MODELS, Registry, RegistryError, is_import_path, register
 
 
 def test_register_and_get():
-    reg = Registry("widget")
+    reg = Registry("widget", ("cfg",))
 
     @reg.register("a")
-    def build_a():
+    def build_a(cfg):
         return "A"
 
-    assert reg.get("a")() == "A" and "a" in reg and reg.names() == ["a"]
+    assert reg.get("a")(None) == "A" and "a" in reg and reg.names() == ["a"]
 
 
-def test_duplicate_name_is_an_error():
-    reg = Registry("widget")
-    reg.register("a")(lambda: 1)
-    with pytest.raises(RegistryError, match="already registered"):
-        reg.register("a")(lambda: 2)
+def test_duplicate_name_is_an_error_naming_the_first():
+    reg = Registry("widget", ("cfg",), {"a": "distlab.models:cnn"})
+    with pytest.raises(RegistryError, match="widget 'a' is already registered \\(by distlab\\)"):
+        reg.register("a")(lambda cfg: 2)
 
 
 def test_unknown_name_lists_known_names():
-    reg = Registry("widget")
-    reg.register("beta")(lambda: 1)
-    reg.register("alpha")(lambda: 2)
-    with pytest.raises(RegistryError, match=r"unknown widget\.name 'gamma'.*alpha, beta"):
+    reg = Registry("widget", ("cfg",))
+    reg.register("beta")(lambda cfg: 1)
+    reg.register("alpha")(lambda cfg: 2)
+    with pytest.raises(RegistryError, match=r"unknown widget\.name='gamma'.*alpha, beta"):
         reg.get("gamma")
+
+
+def test_import_paths():
+    assert is_import_path("my_pkg.models:net") and is_import_path("m:f")
+    assert not is_import_path("mnist") and not is_import_path("mnist:3.0.1")
+    assert MODELS.get("distlab.models:cnn").__name__ == "cnn"
+    with pytest.raises(RegistryError, match=r"model\.name='no_such_pkg\.x:f' does not import: "
+                                            r"ModuleNotFoundError"):
+        MODELS.get("no_such_pkg.x:f")
+    with pytest.raises(RegistryError, match=r"model\.name='distlab\.models:nope' does not import"):
+        MODELS.get("distlab.models:nope")
+
+
+def test_wrong_signature_is_refused_naming_the_call():
+    # os.path.exists(path) cannot be called as f(cfg, input_shape, outputs)
+    with pytest.raises(RegistryError, match=r"model\.name='os\.path:exists' has the wrong "
+                                            r"signature.*called as f\(cfg, input_shape, outputs\)"):
+        MODELS.get("os.path:exists")
+
+
+def test_register_public_api_checks_group_and_signature():
+    with pytest.raises(RegistryError, match="no such group"):
+        register("widget", "x", lambda cfg: 1)
+    with pytest.raises(RegistryError, match="wrong signature"):
+        register("optimizer", "too_few", lambda cfg: 1)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A user package on sys.path (as when running from the project's directory)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    created: list[str] = []
+
+    def write(module: str, source: str) -> str:
+        path = tmp_path / f"{module}.py"
+        path.write_text(textwrap.dedent(source))
+        created.append(module)
+        return module
+
+    write.root = tmp_path
+    yield write
+    for module in created:
+        sys.modules.pop(module, None)
+    for reg_name in ("schema_net", "plain_net"):
+        MODELS._items.pop(reg_name, None)
+        MODELS.schemas.pop(reg_name, None)
+
+
+def test_imports_register_names_and_schemas(project):
+    project("user_models", """
+        from dataclasses import dataclass
+        import distlab
+
+        @dataclass
+        class NetConfig:
+            width: int = 8
+
+        @distlab.register("model", "schema_net", schema=NetConfig)
+        def net(cfg, input_shape, outputs):
+            return "built"
+    """)
+    conf = project.root / "conf" / "model"
+    conf.mkdir(parents=True)
+
+    def with_yaml(text: str):
+        (conf / "net.yaml").write_text(textwrap.dedent(text))
+        return compose([f"hydra.searchpath=[file://{project.root / 'conf'}]", "model=net",
+                        "imports=[user_models]"])
+
+    cfg = with_yaml("name: schema_net\nwidth: 16\n")
+    plugins.check(cfg)
+    assert cfg.model == {"width": 16, "name": "schema_net"}
+    defaults = with_yaml("name: schema_net\n")
+    plugins.check(defaults)
+    assert defaults.model.width == 8  # the schema's default
+    with pytest.raises(DistlabError, match=r"model\.depth is not a key of model 'schema_net' "
+                                           r"\(its schema NetConfig declares: name, width\)"):
+        plugins.check(with_yaml("name: schema_net\ndepth: 3\n"))
+    with pytest.raises(DistlabError, match=r"model\.width is invalid for model 'schema_net' "
+                                           r"\(NetConfig\): Value 'wide'"):
+        plugins.check(with_yaml("name: schema_net\nwidth: wide\n"))
+
+
+@pytest.mark.parametrize("source, match", [
+    ("raise ValueError('boom')", r"imports\[0\]='user_bad' raised ValueError: boom"),
+    ("import no_such_dependency", r"imports\[0\]='user_bad' raised ModuleNotFoundError"),
+    ("import distlab\ndistlab.register('model', 'cnn', lambda c, s, o: 1)",
+     r"imports\[0\]='user_bad': model 'cnn' is already registered \(by distlab\)"),
+    ("import distlab\ndistlab.register('model', 'plain_net', lambda c: 1)",
+     r"imports\[0\]='user_bad'.*wrong signature.*f\(cfg, input_shape, outputs\)"),
+])
+def test_imports_errors_are_one_line(project, source, match):
+    project("user_bad", source)
+    with pytest.raises(DistlabError, match=match) as info:
+        plugins.import_modules(["user_bad"])
+    assert "\n" not in str(info.value)
+
+
+def test_missing_imports_module_says_what_to_do(project):
+    with pytest.raises(DistlabError, match=r"imports\[0\]='not_there' does not import.*run "
+                                           r"from the directory"):
+        plugins.import_modules(["not_there"])
+
+
+def test_group_names_are_checked_before_anything_is_built():
+    with pytest.raises(RegistryError, match=r"unknown optimizer\.name='adamw'"):
+        plugins.check(compose(["optimizer.name=adamw"]))
+    with pytest.raises(RegistryError, match=r"loop\.name='nope\.mod:Loop' does not import"):
+        plugins.check(compose(["loop.name=nope.mod:Loop"]))
+    plugins.check(compose(["dataset.name=some_tfds_name"]))  # tfds names are checked at load
+
+
+@dataclass
+class _EntryPoint:
+    name: str
+    value: str
+    target: object
+
+    def load(self):
+        if isinstance(self.target, Exception):
+            raise self.target
+        return self.target
+
+
+def test_entry_points_load_once_and_fail_in_one_line(monkeypatch):
+    calls = []
+    monkeypatch.setattr(plugins, "_loaded_plugins", False)
+    monkeypatch.setattr(plugins, "entry_points",
+                        lambda group: [_EntryPoint("mine", "pkg:setup", lambda: calls.append(1))])
+    plugins.load_plugins()
+    plugins.load_plugins()
+    assert calls == [1]
+    monkeypatch.setattr(plugins, "_loaded_plugins", False)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [
+        _EntryPoint("broken", "pkg.broken", ImportError("no module named pkg"))])
+    with pytest.raises(DistlabError, match=r"plug-in entry point broken = pkg\.broken failed: "
+                                           r"ImportError: no module named pkg; fix or uninstall"):
+        plugins.load_plugins()
+
+
+@pytest.mark.slow
+def test_cli_plugin_errors_are_one_line_and_fast(tmp_path):
+    """The four plug-in errors through `python run.py`: one line each, within 5 s of start."""
+    (tmp_path / "user_raises.py").write_text("raise RuntimeError('broken module')\n")
+    (tmp_path / "user_twice.py").write_text(
+        "import distlab\ndistlab.register('model', 'cnn', lambda c, s, o: 1)\n")
+    cases = {
+        "model.name=user_nothere:net": "model.name='user_nothere:net' does not import",
+        "model.name=os.path:exists": "wrong signature",
+        "imports=[user_twice]": "model 'cnn' is already registered",
+        "imports=[user_raises]": "imports[0]='user_raises' raised RuntimeError: broken module",
+    }
+    for override, expected in cases.items():
+        start = time.time()
+        out = subprocess.run([sys.executable, str(ROOT / "run.py"), override,
+                              f"hydra.run.dir={tmp_path / 'out'}"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+        elapsed = time.time() - start
+        errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines()
+                  if "ERROR" in line or line.startswith("error")]
+        assert out.returncode == 2 and len(errors) == 1 and expected in errors[0], (
+            override, out.stdout[-2000:], out.stderr[-2000:])
+        assert "Traceback" not in out.stderr + out.stdout
+        assert elapsed < 5, (override, elapsed)

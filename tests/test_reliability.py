@@ -51,8 +51,11 @@ def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_sigkill_then_rerun_resumes_exactly(loop, tiny_data_dir, tmp_path):
-    # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch
-    extra = ("trainer.steps_per_epoch=150",)
+    # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch; dropout
+    # (its RNG state is checkpointed), batch norm and seeded augmentation must resume exactly
+    extra = ("trainer.steps_per_epoch=150", "model=mlp", "model.hidden_units=[32]",
+             "model.dropout=0.3", "model.batch_norm=true", "dataset.augment.crop_padding=2",
+             "dataset.augment.flip=horizontal")
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     assert run_cli(*_args(tiny_data_dir, loop, a, *extra)).returncode == 0
     uninterrupted = _results(a)

@@ -16,7 +16,15 @@ from conftest import ROOT, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
 from distlab.run_dir import RunDir
-from distlab.sweep import COLUMNS, Job, SweepSummary, override_values, parse_value, swept_keys
+from distlab.sweep import (
+    LEADING,
+    TRAILING,
+    Job,
+    SweepSummary,
+    override_values,
+    parse_value,
+    swept_keys,
+)
 
 SHORT = ("trainer.epochs=1", "trainer.steps_per_epoch=2")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -103,7 +111,8 @@ def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
 
     assert [j.num for j in failed] == [1, 2]
     rows = _summary(tmp_path)
-    assert list(rows[0]) == COLUMNS + ["dataset.batch_size_per_replica"]
+    assert list(rows[0]) == (LEADING + ["test_accuracy", "test_loss"] + TRAILING
+                             + ["dataset.batch_size_per_replica"])
     assert [r["status"] for r in rows] == ["completed", "failed", "missing"]
     assert rows[0]["learning_rate"] == "0.0005" and rows[0]["global_batch_size"] == "64"
     assert "non-finite loss" in rows[1]["error"] and "did not finish" in rows[2]["error"]

@@ -32,14 +32,54 @@ class StrategyConfig:
 
 
 @dataclass
+class FeaturesConfig:
+    """Which tfds features are the input and the label; null: the supervised keys."""
+
+    input: str | None = None  # the feature fed to the model
+    label: str | None = None  # the feature it learns (ClassLabel: classes; else values)
+
+
+@dataclass
+class PreprocessConfig:
+    """Inference-time preprocessing: in the input pipeline and in the exported model."""
+
+    rescale: float | None = None  # divide raw inputs by this (images: 255)
+    mean: list[float] | None = None  # per channel (last axis), subtracted after rescaling
+    std: list[float] | None = None  # per channel, divided by after the mean
+
+
+@dataclass
+class AugmentConfig:
+    """Train split only, seeded per (seed, epoch, example): resume-exact."""
+
+    flip: str = "none"  # none | horizontal | vertical | both (random flips)
+    crop_padding: int = 0  # pad by N pixels, crop back at random: translations up to N
+
+
+@dataclass
 class DatasetConfig:
-    name: str = MISSING  # a tfds name
+    name: str = MISSING  # a tfds name, a registered dataset builder, or package.module:fn
     train_split: str = "train"
     test_split: str = "test"
     batch_size_per_replica: int = 64
     shuffle_buffer: int = 10000
     cache: bool = True
     data_dir: str | None = None  # null: tfds' default, which honours TFDS_DATA_DIR
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+
+
+@dataclass
+class ClassificationTaskConfig:
+    name: str = "classification"
+    from_logits: bool | None = None  # null: as the model outputs (softmax/sigmoid or logits)
+    top_k: int | None = None  # also report top<k>_accuracy
+
+
+@dataclass
+class RegressionTaskConfig:
+    name: str = "regression"
 
 
 @dataclass
@@ -50,6 +90,34 @@ class ModelConfig:
     dense_units: list[int] = field(default_factory=lambda: [64])
     output_activation: str | None = None  # null: logits; "softmax": probabilities
     l2: float = 0.0
+
+
+@dataclass
+class MlpModelConfig:
+    name: str = MISSING
+    hidden_units: list[int] = field(default_factory=lambda: [128, 64])
+    activation: str = "relu"  # of the hidden layers (a Keras activation name)
+    batch_norm: bool = False  # BatchNormalization between each hidden Dense and its activation
+    dropout: float = 0.0  # Dropout rate after each hidden layer; 0: none
+    output_activation: str | None = None
+    l2: float = 0.0
+
+
+@dataclass
+class ResNetModelConfig:
+    name: str = MISSING
+    depth: int = 20  # 6n+2: 20, 32, 44, 56, 110
+    l2: float = 1e-4
+    sync_batch_norm: bool = False  # BatchNormalization over the global batch (all replicas)
+    output_activation: str | None = None
+
+
+@dataclass
+class KerasApplicationsModelConfig:
+    name: str = MISSING
+    architecture: str = "MobileNetV2"  # a keras.applications name, e.g. ResNet50
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed through, e.g. {alpha: 0.35}
+    output_activation: str | None = None
 
 
 @dataclass
@@ -156,12 +224,14 @@ class Config:
     optimizer: Any = MISSING
     schedule: Any = MISSING
     loop: Any = MISSING
+    task: Any = MISSING
+    imports: list[str] = field(default_factory=list)  # modules imported before resolving names
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 42
     deterministic: bool = False
     mode: str = "train"  # train | evaluate
     ckpt_path: str | None = None
-    objective: str = "test_accuracy"  # the results.json field run.py returns to sweepers
+    objective: str | None = None  # results.json field for sweepers; null: the task's first metric
 
 
 def register_configs() -> None:
@@ -181,6 +251,11 @@ SCHEMAS: dict[str, type] = {
     "schema_strategy": StrategyConfig,
     "schema_dataset": DatasetConfig,
     "schema_model_cnn": ModelConfig,
+    "schema_model_mlp": MlpModelConfig,
+    "schema_model_resnet": ResNetModelConfig,
+    "schema_model_keras_applications": KerasApplicationsModelConfig,
+    "schema_task_classification": ClassificationTaskConfig,
+    "schema_task_regression": RegressionTaskConfig,
     "schema_optimizer_adam": AdamConfig,
     "schema_optimizer_sgd": SGDConfig,
     "schema_optimizer_rmsprop": RMSpropConfig,
@@ -212,6 +287,12 @@ CHECKS: list[Check] = [
     ("trainer.max_checkpoints", *_POSITIVE),
     ("dataset.batch_size_per_replica", *_POSITIVE),
     ("dataset.shuffle_buffer", *_NON_NEGATIVE),
+    ("dataset.preprocess.rescale", *_POSITIVE),
+    ("dataset.preprocess.std", lambda v: all(x > 0 for x in v), "entries must be > 0"),
+    ("dataset.augment.flip", lambda v: v in ("none", "horizontal", "vertical", "both"),
+     "must be one of none, horizontal, vertical, both"),
+    ("dataset.augment.crop_padding", *_NON_NEGATIVE),
+    ("task.top_k", *_POSITIVE),
     ("strategy.cpu_devices", *_POSITIVE),
     ("strategy.connect_timeout_s", *_POSITIVE),
     ("strategy.slurm_port_base", lambda v: 1024 <= v < 65536, "must be a port in [1024, 65536)"),
@@ -223,6 +304,10 @@ CHECKS: list[Check] = [
     ("model.conv_filters", lambda v: all(x > 0 for x in v), "entries must be > 0"),
     ("model.dense_units", lambda v: all(x > 0 for x in v), "entries must be > 0"),
     ("model.l2", *_NON_NEGATIVE),
+    ("model.hidden_units", lambda v: all(x > 0 for x in v), "entries must be > 0"),
+    ("model.dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("model.depth", lambda v: v >= 8 and (v - 2) % 6 == 0,
+     "must be 6n+2 with n >= 1 (e.g. 20, 32, 44, 56, 110)"),
     ("model.output_activation", lambda v: v in ("softmax",), "must be null or softmax"),
     ("optimizer.learning_rate", lambda v: v > 0 and math.isfinite(v), "must be finite and > 0"),
     ("optimizer.lr_scaling", lambda v: v in ("none", "linear", "sqrt"),
@@ -243,8 +328,9 @@ CHECKS: list[Check] = [
     ("loop.verbose", lambda v: v in (0, 1, 2), "must be 0, 1 or 2"),
     ("mode", lambda v: v in ("train", "evaluate"), "must be train or evaluate"),
     ("seed", lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"),
-    ("objective", lambda v: v in OBJECTIVES,
-     "must name a numeric results.json field: " + ", ".join(OBJECTIVES)),
+    ("objective", lambda v: v in OBJECTIVES or v.startswith("test_"),
+     "must name a numeric results.json field: test_loss, test_<metric of the task> (e.g. "
+     "test_accuracy, test_rmse), " + ", ".join(o for o in OBJECTIVES if o[:5] != "test_")),
 ]
 
 
@@ -259,9 +345,13 @@ def validate(cfg: DictConfig) -> None:
     """Raise ConfigError naming the first impossible value. Never imports TensorFlow."""
     for key, ok, why in CHECKS:
         value = OmegaConf.select(cfg, key, default=None)
-        if value is None:
+        if value is None or not _distlab_option(cfg, key):
             continue
-        if not ok(value):
+        try:
+            valid = ok(value)
+        except TypeError:
+            valid, why = False, f"{why} (got a {type(value).__name__})"
+        if not valid:
             raise ConfigError(f"{key}={_show(value)} is invalid: {why}")
     boundaries = OmegaConf.select(cfg, "schedule.boundaries", default=None)
     factors = OmegaConf.select(cfg, "schedule.factors", default=None)
@@ -274,6 +364,18 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(JIT_ON_LOGICAL_CPUS)
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+
+
+def _distlab_option(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` belongs to one of distlab's own options (a user's component may use the
+    same key names with other meanings; its registered schema checks it instead)."""
+    from distlab.registry import REGISTRIES
+
+    group = key.split(".", 1)[0]
+    if group not in REGISTRIES or "." not in key:
+        return True
+    name = OmegaConf.select(cfg, f"{group}.name", default=None)
+    return name is None or REGISTRIES[group].is_builtin(str(name))
 
 
 def _show(value: Any) -> str:

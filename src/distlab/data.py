@@ -1,8 +1,11 @@
-"""tfds input pipelines, batched by the global batch.
+"""Input pipelines (tfds, or a user's dataset builder), batched by the global batch.
 
-The train stream is built per epoch: epoch e is shuffled with a seed derived from
-(seed, e) only, so the data order of an epoch never depends on how many epochs this
-process has already run (resume gives the same batches as an uninterrupted run).
+The train stream is built per epoch: epoch e is shuffled, and augmented, with seeds
+derived from (seed, e) and the example's place in the epoch only, so the data of an
+epoch never depends on how many epochs this process has already run (resume gives the
+same batches as an uninterrupted run). Inference-time preprocessing (`dataset.preprocess`)
+is applied before caching and travels with the exported model; augmentation
+(`dataset.augment`) is applied to the train split only, after the cache.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ import logging
 import math
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from omegaconf import DictConfig
@@ -31,16 +37,20 @@ class Data:
     """Everything a loop needs from the dataset."""
 
     name: str
-    train: tf.data.Dataset  # scaled (and cached) examples, unbatched
+    train: tf.data.Dataset  # preprocessed (and cached) examples, unbatched
     test: tf.data.Dataset  # batched by the global batch, cached, prefetched
     num_train: int
     num_test: int
     input_shape: tuple[int, ...]
-    num_classes: int
+    outputs: int  # classes (classification) or values per example (regression)
     global_batch_size: int
     steps_per_epoch: int
     shuffle_buffer: int
     seed: int
+    raw_input: tf.TensorSpec = None  # one raw example, as the dataset gives it
+    raw_test: tf.data.Dataset = None  # unpreprocessed (input, label) pairs, unbatched
+    preprocess: Callable[[tf.Tensor], tf.Tensor] = None  # raw -> model input (any batch)
+    augment: Callable | None = None  # (input, seed) -> input, train split only
 
     @property
     def full_pass(self) -> bool:
@@ -61,12 +71,18 @@ class Data:
         """
         base, buffer, seed = self.train, self.shuffle_buffer, self.seed
         gb, steps, full_pass = self.global_batch_size, self.steps_per_epoch, self.full_pass
+        augment = self.augment
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
             ds = base
             if buffer > 0:
                 ds = ds.shuffle(buffer, seed=seed * 1_000_003 + epoch,
                                 reshuffle_each_iteration=True)
+            if augment is not None:  # seeded by (seed, epoch, place in the epoch)
+                key = seed * 1_000_003 + epoch + 1
+                ds = ds.enumerate().map(
+                    lambda i, xy: (augment(xy[0], tf.stack([key, i])), xy[1]),
+                    num_parallel_calls=AUTOTUNE)
             ds = ds.batch(gb)
             if not full_pass:
                 ds = ds.repeat().take(steps)
@@ -145,10 +161,6 @@ def _no_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
-def _scale(image: tf.Tensor, label: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    return tf.cast(image, tf.float32) / 255.0, label
-
-
 def resolve_data_dir(data_dir: str | None) -> str | None:
     """`dataset.data_dir`, checked; null keeps tfds' default (TFDS_DATA_DIR, else
     ~/tensorflow_datasets)."""
@@ -223,27 +235,16 @@ def _num_examples(info: tfds.core.DatasetInfo, split: str, ds: tf.data.Dataset) 
 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
-    data_dir = resolve_data_dir(cfg.data_dir)
-    builder = ensure_prepared(cfg.name, data_dir)
-    try:
-        train, test = builder.as_dataset(
-            split=[cfg.train_split, cfg.test_split], as_supervised=True, shuffle_files=False
-        )
-    except (ValueError, KeyError) as e:
-        raise DistlabError(
-            f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r} "
-            f"not available for {cfg.name}: {e}"
-        ) from None
-    info = builder.info
-    num_train = _num_examples(info, cfg.train_split, train)
-    num_test = _num_examples(info, cfg.test_split, test)
+    splits = _user_splits(cfg) if is_user_dataset(cfg.name) else _tfds_splits(cfg)
+    raw_train, raw_test, num_train, num_test, outputs = splits
+    raw_input = raw_train.element_spec[0]
+    preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
 
-    train = train.map(_scale, num_parallel_calls=AUTOTUNE)
-    test = test.map(_scale, num_parallel_calls=AUTOTUNE)
+    train = raw_train.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
+    test = raw_test.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
     if cfg.cache:
         train, test = train.cache(), test.cache()
-    image, label = info.features["image"], info.features["label"]
     steps = steps_per_epoch or math.ceil(num_train / gb)
     return Data(
         name=cfg.name,
@@ -251,10 +252,166 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         test=_no_autotune(test.batch(gb).prefetch(AUTOTUNE)),
         num_train=num_train,
         num_test=num_test,
-        input_shape=tuple(image.shape),
-        num_classes=int(label.num_classes),
+        input_shape=tuple(train.element_spec[0].shape),
+        outputs=outputs,
         global_batch_size=gb,
         steps_per_epoch=steps,
         shuffle_buffer=cfg.shuffle_buffer,
         seed=seed,
+        raw_input=raw_input,
+        raw_test=raw_test,
+        preprocess=preprocess,
+        augment=make_augment(cfg.augment, train.element_spec[0]),
     )
+
+
+Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int]  # train, test, n, n, outputs
+
+
+def is_user_dataset(name: str) -> bool:
+    """A registered dataset builder or an import path; anything else is a tfds name."""
+    from distlab.registry import DATASETS, is_import_path
+
+    return name in DATASETS or is_import_path(name)
+
+
+def _tfds_splits(cfg: DictConfig) -> Splits:
+    """(input, label) pairs of the tfds dataset, by `dataset.features` (default: its
+    supervised keys), with the number of classes (ClassLabel) or of outputs (float)."""
+    data_dir = resolve_data_dir(cfg.data_dir)
+    builder = ensure_prepared(cfg.name, data_dir)
+    info = builder.info
+    features = cfg.features
+    if (features.input is None) != (features.label is None):
+        raise DistlabError("dataset.features: set both input and label (or neither, for the "
+                           "dataset's supervised keys)")
+    keys = (features.input, features.label) if features.input else info.supervised_keys
+    available = ", ".join(sorted(info.features.keys()))
+    if not keys:
+        raise DistlabError(f"dataset {cfg.name!r} has no supervised keys: set "
+                           f"dataset.features.input and dataset.features.label to two of its "
+                           f"features ({available})")
+    for role, key in zip(("input", "label"), keys, strict=True):
+        if key not in info.features:
+            raise DistlabError(f"dataset.features.{role}={key!r} is not a feature of "
+                               f"{cfg.name}; its features: {available}")
+    try:
+        train, test = builder.as_dataset(split=[cfg.train_split, cfg.test_split],
+                                         shuffle_files=False)
+    except (ValueError, KeyError) as e:
+        raise DistlabError(
+            f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r} "
+            f"not available for {cfg.name}: {e}"
+        ) from None
+    num_train = _num_examples(info, cfg.train_split, train)
+    num_test = _num_examples(info, cfg.test_split, test)
+    x, y = keys
+    train, test = (ds.map(lambda ex: (ex[x], ex[y]), num_parallel_calls=AUTOTUNE)
+                   for ds in (train, test))
+    label = info.features[y]
+    if isinstance(label, tfds.features.ClassLabel):
+        outputs = int(label.num_classes)
+    else:
+        outputs = max(1, math.prod(label.shape or ()))
+    return train, test, num_train, num_test, outputs
+
+
+def _user_splits(cfg: DictConfig) -> Splits:
+    """A user's dataset builder (`dataset.name`): DataSplits of datasets or arrays."""
+    from distlab.registry import DATASETS
+    from distlab.splits import DataSplits
+
+    key = f"dataset.name={cfg.name!r}"
+    try:
+        splits = DATASETS.get(cfg.name)(cfg)
+    except DistlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 - user code: one line naming the key
+        raise DistlabError(f"{key} failed: {type(e).__name__}: {e}".splitlines()[0]) from None
+    if not isinstance(splits, DataSplits):
+        raise DistlabError(f"{key} returned {type(splits).__name__}; a dataset builder "
+                           "returns distlab.DataSplits(train, test, num_classes=|num_outputs=)")
+    train, test = (_as_dataset(s, key, which)
+                   for s, which in ((splits.train, "train"), (splits.test, "test")))
+    label = train.element_spec[1]
+    if splits.num_classes is not None:
+        if not label.dtype.is_integer:
+            raise DistlabError(f"{key}: num_classes is set but its labels are {label.dtype.name}"
+                               "; classification labels are integers (or set num_outputs)")
+        outputs = int(splits.num_classes)
+    else:
+        outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
+    return train, test, _count(train), _count(test), outputs
+
+
+def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
+    if isinstance(split, tf.data.Dataset):
+        spec = split.element_spec
+        if not (isinstance(spec, tuple) and len(spec) == 2):
+            raise DistlabError(f"{key}: its {which} dataset must give (input, label) pairs, "
+                               f"not {spec}")
+        return split
+    if isinstance(split, tuple | list) and len(split) == 2:
+        return tf.data.Dataset.from_tensor_slices((np.asarray(split[0]), np.asarray(split[1])))
+    raise DistlabError(f"{key}: its {which} split must be a tf.data.Dataset of (input, label) "
+                       f"pairs or a tuple (inputs, labels) of arrays, not {type(split).__name__}")
+
+
+def _count(ds: tf.data.Dataset) -> int:
+    n = int(ds.cardinality())
+    if n >= 0:
+        return n
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+
+
+def make_preprocess(cfg: DictConfig, raw: tf.TensorSpec) -> Callable[[tf.Tensor], tf.Tensor]:
+    """Raw inputs (one example or a batch) -> float32 model inputs: divide by `rescale`,
+    then per channel (last axis) subtract `mean` and divide by `std`."""
+    rescale = cfg.rescale
+    mean = None if cfg.mean is None else tf.constant(list(cfg.mean), tf.float32)
+    std = None if cfg.std is None else tf.constant(list(cfg.std), tf.float32)
+    channels = raw.shape[-1] if raw.shape.rank else None
+    for key, value in (("mean", mean), ("std", std)):
+        if value is not None and channels is not None and value.shape[0] not in (1, channels):
+            raise DistlabError(f"dataset.preprocess.{key} has {value.shape[0]} entries but the "
+                               f"inputs have {channels} channels (last axis)")
+
+    def preprocess(x: tf.Tensor) -> tf.Tensor:
+        x = tf.cast(x, tf.float32)
+        if rescale is not None:
+            x = x / float(rescale)
+        if mean is not None:
+            x = x - mean
+        if std is not None:
+            x = x / std
+        return x
+
+    return preprocess
+
+
+def make_augment(cfg: DictConfig, spec: tf.TensorSpec) -> Callable | None:
+    """(image, seed[2]) -> image: random flips and random crops of a zero-padded image
+    (translations by up to `crop_padding` pixels), stateless, so they depend on the seed
+    only. None when nothing is configured."""
+    flip, pad = cfg.flip, int(cfg.crop_padding)
+    if flip == "none" and pad == 0:
+        return None
+    if spec.shape.rank != 3:
+        raise DistlabError(f"dataset.augment works on images (height, width, channels); this "
+                           f"dataset's inputs have shape {tuple(spec.shape)}. Set "
+                           "dataset.augment.flip=none and dataset.augment.crop_padding=0")
+    height, width, channels = spec.shape
+
+    def augment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+        seeds = tf.random.experimental.stateless_split(seed, 3)
+        if flip in ("horizontal", "both"):
+            image = tf.image.stateless_random_flip_left_right(image, seeds[0])
+        if flip in ("vertical", "both"):
+            image = tf.image.stateless_random_flip_up_down(image, seeds[1])
+        if pad:
+            image = tf.image.pad_to_bounding_box(image, pad, pad, height + 2 * pad,
+                                                 width + 2 * pad)
+            image = tf.image.stateless_random_crop(image, [height, width, channels], seeds[2])
+        return image
+
+    return augment

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from distlab import plugins
 from distlab.cluster import current_task
 from distlab.config import training_diff, validate
 from distlab.errors import DistlabError
@@ -66,6 +67,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
     scratch = None
     try:
         validate(cfg)
+        plugins.check(cfg)  # user code imported, every group's name resolved
         task = current_task(cfg.strategy)
         if not task.is_chief:  # only the chief writes the run dir; workers write to scratch
             scratch = Path(tempfile.mkdtemp(prefix=f"distlab-{task.type}{task.index}-"))
@@ -130,7 +132,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
 
 
 def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:
-    value = results.get(cfg.objective)
+    value = results.get(cfg.objective or results.get("objective") or "test_accuracy")
     return float(value) if value is not None else None
 
 

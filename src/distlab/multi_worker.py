@@ -88,7 +88,7 @@ def preemption_handler(exp, scratch: Path, save: Callable[[], str],
     ends the run. Its own step counter lives in a throw-away checkpoint in `scratch`, so
     every worker starts it at 0 (restoring it on the chief only would desynchronise it)."""
     saved: list[str] = []
-    where = "" if exp.task.is_chief else " (on the chief: its run dir's checkpoints/)"
+    where = "" if exp.worker.is_chief else " (on the chief: its run dir's checkpoints/)"
     config = tf.distribute.experimental.TerminationConfig(
         save_fn=lambda *args, **kwargs: saved.append(save()),
         exit_fn=lambda: stop((saved[-1] if saved else "none") + where))

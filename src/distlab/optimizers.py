@@ -7,9 +7,7 @@ import math
 import keras
 from omegaconf import DictConfig
 
-from distlab.registry import Registry
-
-OPTIMIZERS: Registry = Registry("optimizer")
+from distlab.registry import OPTIMIZERS  # lists the builders here by import path
 
 
 def scaled_learning_rate(learning_rate: float, lr_scaling: str, global_batch_size: int,
@@ -24,19 +22,16 @@ def _common(cfg: DictConfig) -> dict:
     return {"clipnorm": cfg.clipnorm} if cfg.clipnorm is not None else {}
 
 
-@OPTIMIZERS.register("adam")
 def adam(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(learning_rate, beta_1=cfg.beta_1, beta_2=cfg.beta_2,
                                  epsilon=cfg.epsilon, amsgrad=cfg.amsgrad, **_common(cfg))
 
 
-@OPTIMIZERS.register("sgd")
 def sgd(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(learning_rate, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                 **_common(cfg))
 
 
-@OPTIMIZERS.register("rmsprop")
 def rmsprop(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
     return keras.optimizers.RMSprop(learning_rate, rho=cfg.rho, momentum=cfg.momentum,
                                     epsilon=cfg.epsilon, **_common(cfg))

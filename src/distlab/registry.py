@@ -1,49 +1,161 @@
-"""A tiny generic registry: one per config group, name -> builder."""
+"""One registry per config group: a group's `name` -> the callable that builds it.
+
+A name is a registered name or an import path `package.module:callable`, resolved with
+Hydra's own `hydra.utils.get_method`. distlab's own builders are listed here as import
+paths, so checking a config's names never imports TensorFlow; user code adds names with
+`distlab.register` (from an `imports:` module or a `distlab.plugins` entry point).
+"""
 
 from __future__ import annotations
 
+import inspect
+import logging
+import re
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any
 
 from distlab.errors import DistlabError
 
-T = TypeVar("T", bound=Callable)
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
 class RegistryError(DistlabError):
-    """Unknown or duplicate registry name."""
+    """Unknown, duplicate, unimportable or ill-fitting registry entry."""
 
 
-class Registry(Generic[T]):
-    """Maps the names used in a config group to the callables that build them."""
+def is_import_path(name: str) -> bool:
+    """`package.module:callable` (not a tfds name such as `mnist:3.0.1`)."""
+    return bool(_IMPORT_PATH.match(name))
 
-    def __init__(self, group: str) -> None:
-        self.group = group
-        self._items: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator: `@REG.register("adam")`. Registering a name twice is an error."""
+class Registry:
+    """Maps the names used in a config group to the callables that build them.
 
-        def decorator(fn: T) -> T:
+    `params` names the arguments every builder of the group is called with; a callable
+    that cannot take them is refused when the name is resolved, before anything is built.
+    """
+
+    def __init__(self, group: str, params: tuple[str, ...],
+                 builtins: dict[str, str] | None = None) -> None:
+        self.group, self.params = group, params
+        self._items: dict[str, Callable | str] = dict(builtins or {})
+        self._origin: dict[str, str] = {name: "distlab" for name in self._items}
+        self.schemas: dict[str, type] = {}
+
+    def register(self, name: str, fn: Callable | None = None, *,
+                 schema: type | None = None) -> Any:
+        """`@REG.register("my_net")` or `REG.register("my_net", fn)`. Registering a name
+        twice is an error. `schema`: a dataclass the group node is checked against."""
+
+        def decorator(fn: Callable) -> Callable:
             if name in self._items:
-                raise RegistryError(f"{self.group} '{name}' is already registered")
-            self._items[name] = fn
+                raise RegistryError(
+                    f"{self.group} '{name}' is already registered (by {self._origin[name]}); "
+                    f"choose another name for {_where(fn)}")
+            self._check_signature(fn, f"{self.group} '{name}' ({_where(fn)})")
+            self._items[name], self._origin[name] = fn, _where(fn)
+            if schema is not None:
+                self.schemas[name] = schema
             return fn
 
-        return decorator
+        return decorator if fn is None else decorator(fn)
 
-    def get(self, name: str) -> T:
-        """The builder for `name`; an unknown name lists the known ones."""
-        try:
-            return self._items[name]
-        except KeyError:
-            known = ", ".join(sorted(self._items)) or "(none)"
+    def get(self, name: str) -> Callable:
+        """The builder for `name` (registered, or an import path); one-line errors."""
+        key = f"{self.group}.name={name!r}"
+        if name in self._items:
+            item = self._items[name]
+            return _locate(item, key) if isinstance(item, str) else item
+        if not is_import_path(name):
+            known = ", ".join(self.names()) or "(none)"
             raise RegistryError(
-                f"unknown {self.group}.name '{name}'; known {self.group} names: {known}"
-            ) from None
+                f"unknown {key}; known {self.group} names: {known}, or an import path "
+                "package.module:callable")
+        fn = _locate(name, key)
+        self._check_signature(fn, key)
+        return fn
+
+    def check(self, name: str) -> None:
+        """Raise if `name` cannot be resolved; registered names are not imported (distlab's
+        own stay lazy, so checking a config never imports TensorFlow for them)."""
+        if name not in self._items:
+            self.get(name)
+
+    def is_builtin(self, name: str) -> bool:
+        """One of distlab's own names (dataset: a tfds name is distlab's too)."""
+        if self.group == "dataset":
+            return name not in self._items and not is_import_path(name)
+        return self._origin.get(name) == "distlab"
 
     def names(self) -> list[str]:
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+    def _check_signature(self, fn: Any, what: str) -> None:
+        if not callable(fn):
+            raise RegistryError(f"{what} is a {type(fn).__name__}, not a callable")
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without a signature: trust it
+            return
+        try:
+            signature.bind(*self.params)
+        except TypeError:
+            raise RegistryError(
+                f"{what} has the wrong signature {signature}: a {self.group} builder is called "
+                f"as f({', '.join(self.params)})") from None
+
+
+def _locate(path: str, key: str) -> Callable:
+    from hydra.utils import get_method
+
+    module, _, attr = path.partition(":")
+    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure too, in several lines
+    hydra_log.disabled = True
+    try:
+        return get_method(f"{module}.{attr}")
+    except Exception as e:  # noqa: BLE001 - Hydra wraps the import error in several lines
+        cause = e.__cause__ or e.__context__ or e
+        detail = f"{type(cause).__name__}: {cause}".splitlines()[0]
+        raise RegistryError(f"{key} does not import: {detail}") from None
+    finally:
+        hydra_log.disabled = False
+
+
+def _where(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+# ------------------------------------------------------------------ the groups' registries
+
+STRATEGIES = Registry("strategy", ("cfg",), {
+    name: f"distlab.strategies:{name}"
+    for name in ("default", "one_device", "mirrored", "auto", "multi_worker_mirrored")})
+DATASETS = Registry("dataset", ("cfg",))  # anything else is a tfds name
+MODELS = Registry("model", ("cfg", "input_shape", "outputs"), {
+    name: f"distlab.models:{name}" for name in ("cnn", "mlp", "resnet", "keras_applications")})
+TASKS = Registry("task", ("cfg",), {
+    name: f"distlab.tasks:{name}" for name in ("classification", "regression")})
+OPTIMIZERS = Registry("optimizer", ("cfg", "learning_rate"), {
+    name: f"distlab.optimizers:{name}" for name in ("adam", "sgd", "rmsprop")})
+SCHEDULES = Registry("schedule", ("cfg", "base", "steps_per_epoch", "epochs"), {
+    name: f"distlab.schedules:{name}"
+    for name in ("constant", "step_decay", "cosine", "exponential")})
+LOOPS = Registry("loop", ("exp",), {"keras_fit": "distlab.loops.keras_fit:KerasFitLoop",
+                                    "custom": "distlab.loops.custom:CustomLoop"})
+
+REGISTRIES: dict[str, Registry] = {r.group: r for r in (
+    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS)}
+
+
+def register(group: str, name: str, fn: Callable | None = None, *,
+             schema: type | None = None) -> Any:
+    """Add your own component: `@register("model", "my_net")` on a builder called like
+    distlab's own (model: `f(cfg, input_shape, outputs) -> keras.Model`; see the README).
+    `schema`: a dataclass whose fields are the keys the group node may have."""
+    if group not in REGISTRIES:
+        raise RegistryError(f"register({group!r}, {name!r}): no such group; groups: "
+                            + ", ".join(REGISTRIES))
+    return REGISTRIES[group].register(name, fn, schema=schema)

@@ -22,7 +22,13 @@ from typing import Any
 from distlab.errors import DistlabError
 
 HISTORY_COLUMNS = ["epoch", "learning_rate", "loss", "accuracy", "val_loss", "val_accuracy",
-                   "seconds", "examples_per_sec"]
+                   "seconds", "examples_per_sec"]  # a classification task's history.csv
+
+
+def history_columns(metrics: list[str]) -> list[str]:
+    """history.csv's columns for a task with these metric names."""
+    return ["epoch", "learning_rate", "loss", *metrics, "val_loss",
+            *(f"val_{m}" for m in metrics), "seconds", "examples_per_sec"]
 RESULTS_FIELDS = ["status", "loop", "strategy", "num_replicas", "batch_size_per_replica",
                   "global_batch_size", "epochs_completed", "test_loss", "test_accuracy",
                   "train_examples_per_sec", "wall_time_s"]
@@ -132,13 +138,13 @@ class RunDir:
         return target
 
     # ---- history.csv
-    def append_history(self, row: dict[str, Any]) -> None:
+    def append_history(self, row: dict[str, Any], columns: list[str]) -> None:
         new = not self.history_csv.exists()
         with self.history_csv.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
             if new:
                 writer.writeheader()
-            writer.writerow({k: _fmt(row.get(k)) for k in HISTORY_COLUMNS})
+            writer.writerow({k: _fmt(row.get(k)) for k in columns})
 
     def truncate_history(self, epochs: int) -> None:
         """Drop rows after epoch `epochs` (epochs a resumed run trains again)."""
@@ -147,7 +153,7 @@ class RunDir:
             return
         tmp = self.history_csv.with_name("history.csv.tmp")
         with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]), extrasaction="ignore")
             writer.writeheader()
             writer.writerows(r for r in rows if int(r["epoch"]) <= epochs)
         os.replace(tmp, self.history_csv)

@@ -18,13 +18,13 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab import data as data_lib
-from distlab import models, multi_worker, optimizers, schedules, strategies
+from distlab import models, multi_worker, optimizers, schedules, strategies, tasks
 from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError
-from distlab.loops import LOOPS
 from distlab.loops.base import Experiment
 from distlab.preemption import Interrupted, stop_on_signals
+from distlab.registry import LOOPS
 from distlab.run_dir import RunDir, find_checkpoint
 
 log = logging.getLogger("distlab")
@@ -50,22 +50,35 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
                          cfg.trainer.steps_per_epoch)
     lr = learning_rate(cfg, data.global_batch_size)
     with strategy.scope():
-        model = models.build(cfg.model, data.input_shape, data.num_classes)
+        model = models.build(cfg.model, data.input_shape, data.outputs)
         schedule = schedules.build(cfg.schedule, lr, data.steps_per_epoch, cfg.trainer.epochs)
         optimizer = optimizers.build(cfg.optimizer, schedule)
         # Build the slots now, inside the scope: a custom loop must not create them while
         # tracing, and restoring a checkpoint needs them to exist.
         optimizer.build(model.trainable_variables)
+    task = tasks.build(cfg.task, model)
+    fields = ["test_loss", *(f"test_{m}" for m in task.metric_names)]
+    if cfg.objective and cfg.objective.startswith("test_") and cfg.objective not in fields:
+        raise DistlabError(f"objective={cfg.objective} is not a result of task "
+                           f"{cfg.task.name!r}; its results: {', '.join(fields)}")
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
     step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch,
-                                     step_in_epoch=step_in_epoch)
+                                     step_in_epoch=step_in_epoch, **rng_states(model))
     manager = tf.train.CheckpointManager(checkpoint, str(run_dir.checkpoints),
                                          max_to_keep=cfg.trainer.max_checkpoints)
     return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
-                      schedule=schedule, from_logits=models.from_logits(cfg.model),
+                      schedule=schedule, task=task,
                       run_dir=run_dir, checkpoint=checkpoint, manager=manager, epoch=epoch,
                       step_in_epoch=step_in_epoch, started=started)
+
+
+def rng_states(model: keras.Model) -> dict[str, list]:
+    """The layers' random-generator states (Dropout, random augmentation layers): Keras'
+    SeedGenerator is not tracked by tf.train.Checkpoint, so without them a resumed run would
+    draw other dropout masks than an uninterrupted one."""
+    states = [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]
+    return {"seed_states": states} if states else {}
 
 
 def learning_rate(cfg: DictConfig, global_batch_size: int) -> float:
@@ -92,7 +105,7 @@ def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy |
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
     reset_state(cfg.seed, cfg.deterministic)
     exp = build_experiment(cfg, run_dir, strategy, started)
-    exp.task = task
+    exp.worker = task
     try:
         return _evaluate(exp) if cfg.mode == "evaluate" else _train(exp)
     except multi_worker.PEER_ERRORS as e:
@@ -115,6 +128,7 @@ def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
         "dataset": data.name,
         "steps_per_epoch": data.steps_per_epoch,
         "epochs_completed": int(exp.epoch.numpy()),
+        **objective(cfg.objective, exp.task),
         **extra,
         "wall_time_s": time.time() - exp.started,
     }
@@ -125,9 +139,9 @@ def _train(exp: Experiment) -> dict[str, Any]:
     loop = LOOPS.get(exp.cfg.loop.name)(exp)
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
-    with stop_on_signals(sigterm=not exp.task.multi_worker) as exp.stop, \
+    with stop_on_signals(sigterm=not exp.worker.multi_worker) as exp.stop, \
             tempfile.TemporaryDirectory(prefix="distlab-preemption-") as scratch:
-        if exp.task.multi_worker:
+        if exp.worker.multi_worker:
             exp.preemption = multi_worker.preemption_handler(
                 exp, Path(scratch), save=loop.controller.save_here,
                 stop=loop.controller.preempted)
@@ -139,7 +153,7 @@ def _train(exp: Experiment) -> dict[str, Any]:
                 checkpoint=exp.manager.latest_checkpoint))
             raise
     test = loop.evaluate()
-    log.info("test_loss %.4f - test_accuracy %.4f", test["test_loss"], test["test_accuracy"])
+    log.info(_figures(test))
     export = export_and_check(exp) if exp.cfg.trainer.export else {}
     first = loop.controller.first_step_at
     return _results(
@@ -152,18 +166,30 @@ def _train(exp: Experiment) -> dict[str, Any]:
 
 
 def _evaluate(exp: Experiment) -> dict[str, Any]:
-    if exp.task.multi_worker:  # the chief's disk holds the checkpoint: restore, broadcast
-        prefix = find_checkpoint(exp.cfg.ckpt_path) if exp.task.is_chief else None
+    if exp.worker.multi_worker:  # the chief's disk holds the checkpoint: restore, broadcast
+        prefix = find_checkpoint(exp.cfg.ckpt_path) if exp.worker.is_chief else None
         multi_worker.restore_from_chief(exp, prefix, lambda p: restore_model(exp, p))
     else:
         prefix = find_checkpoint(exp.cfg.ckpt_path)
         restore_model(exp, prefix)
     test = LOOPS.get(exp.cfg.loop.name)(exp).evaluate()
-    log.info("restored %s: test_loss %.4f - test_accuracy %.4f",
-             prefix or "the chief's checkpoint", test["test_loss"], test["test_accuracy"])
+    log.info("restored %s: %s", prefix or "the chief's checkpoint", _figures(test))
     return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None,
                     learning_rate=None, steps_per_epoch=None,
                     trained=trained_with(prefix) if prefix else None)
+
+
+def objective(name: str | None, task: tasks.Task) -> dict[str, str]:
+    """results.json's `objective` (the field sweepers get: `name`, else the task's first
+    metric) and `objective_direction` (maximize or minimize)."""
+    field = name or (f"test_{task.metrics[0].name}" if task.metrics else "test_loss")
+    higher = {f"test_{m.name}": m.higher_is_better for m in task.metrics}
+    maximize = higher.get(field, "loss" not in field and "error" not in field)
+    return {"objective": field, "objective_direction": "maximize" if maximize else "minimize"}
+
+
+def _figures(test: dict[str, float]) -> str:
+    return " - ".join(f"{k} {v:.4f}" for k, v in test.items())
 
 
 TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",
@@ -179,12 +205,12 @@ def trained_with(prefix: str) -> dict[str, Any] | None:
 
 def resume(exp: Experiment) -> tuple[int, int]:
     """Restore the run dir's latest checkpoint, if any: (epochs done, steps into the next)."""
-    latest = exp.manager.latest_checkpoint if exp.task.is_chief else None
+    latest = exp.manager.latest_checkpoint if exp.worker.is_chief else None
 
     def restore(prefix: str) -> None:
         _restore(exp.checkpoint, prefix, exp, what="resume from")
 
-    if exp.task.multi_worker:  # only the chief's disk need hold the run dir
+    if exp.worker.multi_worker:  # only the chief's disk need hold the run dir
         multi_worker.restore_from_chief(exp, latest, restore)
     elif latest:
         restore(latest)
@@ -239,22 +265,43 @@ def _first_line(error: BaseException) -> str:
 
 
 def export_and_check(exp: Experiment) -> dict[str, Any]:
-    """Export a SavedModel and check its predictions, reloaded with and without the strategy."""
+    """Export a SavedModel that serves raw inputs, and check it reloaded.
+
+    Its `serve` and `serving_default` signatures take the dataset's raw inputs (dtype and
+    shape as the dataset gives them, e.g. uint8 images) under the input name `inputs`, apply
+    the inference-time preprocessing (`dataset.preprocess`; never augmentation), and return
+    the model's outputs as `output_0`. The check compares raw-input predictions of the
+    reloaded model, with and without the strategy, to the trained model's."""
     path = str(exp.run_dir.saved_model)
-    exp.model.export(path, verbose=False)
-    images = next(iter(exp.data.test))[0][:32]
-    expected = np.asarray(exp.model(images, training=False))
+    data, model = exp.data, exp.model
+    spec = tf.TensorSpec([None, *data.raw_input.shape], data.raw_input.dtype, name="inputs")
+
+    def serve(inputs: tf.Tensor) -> tf.Tensor:
+        return model(data.preprocess(inputs), training=False)
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    for endpoint in ("serve", "serving_default"):
+        archive.add_endpoint(endpoint, serve, input_signature=[spec])
+    archive.write_out(path, verbose=False)
+    raw = next(iter(data.raw_test.batch(32)))[0]
+    expected = np.asarray(model(data.preprocess(raw), training=False))
     plain = tf.saved_model.load(path)
-    diffs = [np.max(np.abs(plain.serve(images).numpy() - expected))]
+    default = plain.signatures["serving_default"](inputs=raw)["output_0"]
+    diffs = [np.max(np.abs(plain.serve(raw).numpy() - expected)),
+             np.max(np.abs(default.numpy() - expected))]
     with exp.strategy.scope():  # inside the scope it must be called through strategy.run
         scoped = tf.saved_model.load(path)
-        outputs = exp.strategy.run(scoped.serve, args=(images,))
+        outputs = exp.strategy.run(scoped.serve, args=(raw,))
     diffs.append(np.max(np.abs(exp.strategy.experimental_local_results(outputs)[0].numpy()
                                - expected)))
     diff = float(max(diffs))
-    if diff > EXPORT_ATOL:
+    scale = max(1.0, float(np.max(np.abs(expected))))  # outputs can be large early in training
+    if diff > EXPORT_ATOL * scale:
         raise DistlabError(f"the exported SavedModel in {path} predicts differently from the "
-                           f"trained model (max abs diff {diff:.3g} > {EXPORT_ATOL})")
-    log.info("exported %s (reloaded with and without the strategy, max abs diff %.2g)", path,
-             diff)
+                           f"trained model (max abs diff {diff:.3g} > {EXPORT_ATOL} x "
+                           f"{scale:.3g}, the largest output)")
+    log.info("exported %s: serving_default takes raw %s inputs %s (reloaded with and without "
+             "the strategy, max abs diff %.2g)", path, data.raw_input.dtype.name,
+             tuple(data.raw_input.shape), diff)
     return {"saved_model": "saved_model", "export_max_abs_diff": diff}

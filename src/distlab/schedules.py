@@ -10,9 +10,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.registry import Registry
-
-SCHEDULES: Registry = Registry("schedule")
+from distlab.registry import SCHEDULES  # lists the builders here by import path
 
 
 @keras.saving.register_keras_serializable("distlab")
@@ -72,17 +70,14 @@ class Constant(keras.optimizers.schedules.LearningRateSchedule):
         return dict(base=self.base)
 
 
-@SCHEDULES.register("constant")
 def constant(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int):
     return Constant(base)
 
 
-@SCHEDULES.register("step_decay")
 def step_decay(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int):
     return EpochStepDecay(base, list(cfg.boundaries), list(cfg.factors), steps_per_epoch)
 
 
-@SCHEDULES.register("cosine")
 def cosine(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int):
     decay_epochs = cfg.decay_epochs if cfg.decay_epochs is not None else epochs
     return keras.optimizers.schedules.CosineDecay(
@@ -90,7 +85,6 @@ def cosine(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int):
     )
 
 
-@SCHEDULES.register("exponential")
 def exponential(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int):
     return keras.optimizers.schedules.ExponentialDecay(
         base, decay_steps=max(1, round(cfg.decay_epochs * steps_per_epoch)),

@@ -15,10 +15,9 @@ from omegaconf import DictConfig
 
 from distlab.cluster import current_task, expand_tasks_per_node
 from distlab.errors import DistlabError
-from distlab.registry import Registry
+from distlab.registry import STRATEGIES  # lists the builders here by import path
 
 log = logging.getLogger(__name__)
-STRATEGIES: Registry = Registry("strategy")
 
 
 def configure_devices(cfg: DictConfig) -> None:
@@ -55,12 +54,10 @@ def _local_devices(cfg: DictConfig) -> list[str]:
     return cpus[: cfg.cpu_devices] if cfg.cpu_devices else cpus
 
 
-@STRATEGIES.register("default")
 def default(cfg: DictConfig) -> tf.distribute.Strategy:
     return tf.distribute.get_strategy()
 
 
-@STRATEGIES.register("one_device")
 def one_device(cfg: DictConfig) -> tf.distribute.Strategy:
     device = cfg.device or ("/gpu:0" if tf.config.list_logical_devices("GPU") else "/cpu:0")
     return tf.distribute.OneDeviceStrategy(existing_device(device))
@@ -92,7 +89,6 @@ def _mirrored(devices: list[str]) -> tf.distribute.MirroredStrategy:
     return tf.distribute.MirroredStrategy(devices, cross_device_ops=ops)
 
 
-@STRATEGIES.register("mirrored")
 def mirrored(cfg: DictConfig) -> tf.distribute.Strategy:
     return _mirrored(_local_devices(cfg))
 
@@ -104,7 +100,6 @@ _COMMUNICATION = {
 }
 
 
-@STRATEGIES.register("auto")
 def auto(cfg: DictConfig) -> tf.distribute.Strategy:
     """MirroredStrategy when there is more than one local device, else no distribution
     (a 1-replica MirroredStrategy costs ~12% per step here, docs/BENCHMARKS.md)."""
@@ -112,7 +107,6 @@ def auto(cfg: DictConfig) -> tf.distribute.Strategy:
     return _mirrored(devices) if len(devices) > 1 else default(cfg)
 
 
-@STRATEGIES.register("multi_worker_mirrored")
 def multi_worker_mirrored(cfg: DictConfig, results_json: Path | None = None,
                           failed: dict | None = None) -> tf.distribute.Strategy:
     """MultiWorkerMirroredStrategy from TF_CONFIG or SLURM; must be created before any TF op.

@@ -33,11 +33,29 @@ from distlab.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
-           "num_replicas", "learning_rate", "test_accuracy", "test_loss",
-           "train_examples_per_sec", "wall_time_s", "error"]
-METRICS = ["test_accuracy", "test_loss", "train_examples_per_sec", "wall_time_s"]
-PLOTTED = [("test_accuracy", "test accuracy"), ("train_examples_per_sec", "examples/sec")]
+LEADING = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
+           "num_replicas", "learning_rate"]
+TRAILING = ["train_examples_per_sec", "wall_time_s", "error"]
+CLASSIFICATION = ["test_accuracy", "test_loss"]  # the test fields when no job reported any
+
+
+def test_fields(jobs: Sequence[Job]) -> list[str]:
+    """The task's test_* results.json fields (test_accuracy, test_loss for classification;
+    test_loss, test_mae, test_rmse for regression...), the primary metric first."""
+    found = list(dict.fromkeys(k for j in jobs for k in j.results if k.startswith("test_")))
+    if not found:
+        return CLASSIFICATION
+    return [k for k in found if k != "test_loss"] + (["test_loss"] if "test_loss" in found
+                                                      else [])
+
+
+def columns(jobs: Sequence[Job]) -> list[str]:
+    return LEADING + test_fields(jobs) + TRAILING
+
+
+def metrics(jobs: Sequence[Job]) -> list[str]:
+    """Numeric per-job figures: the task's test fields, throughput and wall time."""
+    return test_fields(jobs) + ["train_examples_per_sec", "wall_time_s"]
 HPARAMS_SUFFIX = ".hparams"  # our event files; rewritten, never appended, by a re-run
 MAX_PLOTTED_KEYS = 4
 
@@ -136,10 +154,10 @@ def parse_value(text: str | None) -> bool | int | float | str | None:
 
 
 def rows(jobs: Sequence[Job], swept: Sequence[str]) -> list[dict[str, Any]]:
-    """One summary row per job: COLUMNS, then one column per swept key."""
+    """One summary row per job: `columns(jobs)`, then one column per swept key."""
     table = []
     for job in jobs:
-        row: dict[str, Any] = {key: job.results.get(key) for key in COLUMNS}
+        row: dict[str, Any] = {key: job.results.get(key) for key in columns(jobs)}
         row.update(job=job.num, overrides=" ".join(job.overrides), status=job.status,
                    error=job.error)
         row.update({key: job.override(key) for key in swept})
@@ -175,17 +193,17 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
     common = common_overrides(jobs, swept)
     if common:
         lines.append("Common overrides: " + " ".join(f"`{o}`" for o in common))
+    fields = test_fields(jobs)
     headers = ["job", "overrides", "status", "batch/replica", "global batch", "replicas",
-               "learning rate (effective)", "test accuracy", "test loss", "examples/sec",
-               "wall time (s)", "error"]
+               "learning rate (effective)", *(f.replace("_", " ") for f in fields),
+               "examples/sec", "wall time (s)", "error"]
     lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for job in jobs:
         r = job.results
         cells = [job.num, " ".join(_swept_overrides(job, swept)), job.status,
                  r.get("batch_size_per_replica"), r.get("global_batch_size"),
-                 r.get("num_replicas"), r.get("learning_rate"), r.get("test_accuracy"),
-                 r.get("test_loss"), r.get("train_examples_per_sec"), r.get("wall_time_s"),
-                 job.error]
+                 r.get("num_replicas"), r.get("learning_rate"), *(r.get(f) for f in fields),
+                 r.get("train_examples_per_sec"), r.get("wall_time_s"), job.error]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -210,9 +228,12 @@ def _finite(value: Any) -> bool:
 # --------------------------------------------------------------------------- plot
 
 
-def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str]) -> None:
-    """summary.png: one row per swept key (or the job number), test accuracy and examples/sec
-    against it. Uses matplotlib's object API (no pyplot, no GUI backend)."""
+def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str], objective: str = "") -> None:
+    """summary.png: one row per swept key (or the job number), the objective (else the task's
+    primary test metric) and examples/sec against it. Uses matplotlib's object API (no
+    pyplot, no GUI backend)."""
+    score = objective or test_fields(jobs)[0]
+    plotted = [(score, score.replace("_", " ")), ("train_examples_per_sec", "examples/sec")]
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -220,13 +241,13 @@ def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str]) -> None:
     done = [j for j in jobs if not j.failed]
     fig = Figure(figsize=(10, 3.4 * len(keys)), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(keys), len(PLOTTED), squeeze=False)
+    axes = fig.subplots(len(keys), len(plotted), squeeze=False)
     for row, key in zip(axes, keys, strict=True):
         xs = [j.num if key == "job" else parse_value(j.override(key)) for j in done]
         numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
         categories = [] if numeric else sorted({str(x) for x in xs})
         positions = xs if numeric else [categories.index(str(x)) for x in xs]
-        for ax, (metric, label) in zip(row, PLOTTED, strict=True):
+        for ax, (metric, label) in zip(row, plotted, strict=True):
             points = sorted((x, j.results[metric]) for x, j in zip(positions, done, strict=True)
                             if _finite(j.results.get(metric)))
             ax.plot([x for x, _ in points], [y for _, y in points],
@@ -274,18 +295,20 @@ def write_hparams(sweep_dir: Path, jobs: Sequence[Job], swept: Sequence[str]) ->
 
     sessions = [(job, hparams_of(job)) for job in jobs]
     names = list(dict.fromkeys(k for _, values in sessions for k in values))
-    metrics = [hp.Metric(m) for m in METRICS]
-    metrics += [hp.Metric("epoch_accuracy", group="validation",
-                          display_name="validation accuracy (per epoch)"),
-                hp.Metric("epoch_loss", group="train", display_name="train loss (per epoch)")]
+    fields = metrics(jobs)
+    primary = test_fields(jobs)[0][len("test_"):]
+    shown = [hp.Metric(m) for m in fields]
+    shown += [hp.Metric(f"epoch_{primary}", group="validation",
+                        display_name=f"validation {primary} (per epoch)"),
+              hp.Metric("epoch_loss", group="train", display_name="train loss (per epoch)")]
     hparams = [hp.HParam(n, _domain(hp, [v[n] for _, v in sessions if n in v])) for n in names]
-    config = hp.hparams_config_pb(hparams=hparams, metrics=metrics)
+    config = hp.hparams_config_pb(hparams=hparams, metrics=shown)
     _write_events(sweep_dir, [config], event_pb2)
     for job, values in sessions:
         summaries = [hp.hparams_pb(values, trial_id=f"job {job.num}")]
         summaries += [summary_pb2.Summary(value=[summary_pb2.Summary.Value(
             tag=m, simple_value=float(job.results[m]))])
-            for m in METRICS if _finite(job.results.get(m))]
+            for m in fields if _finite(job.results.get(m))]
         _write_events(RunDir(job.path).logs, summaries, event_pb2)
 
 
@@ -334,29 +357,33 @@ class SweepSummary(Callback):
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
-                                maximize=_maximize(config))
+                                maximize=_maximize(config, find_jobs(sweep_dir)))
         if failed and self.fail_on_error:
             log.error("sweep failed: %d job(s) failed (%s); see %s", len(failed),
                       ", ".join(f"job {j.num}: {_first_line(j.error)}" for j in failed),
                       sweep_dir / "summary.md")
             raise SystemExit(1)
 
-    def summarise(self, sweep_dir: Path, objective: str = "test_accuracy",
+    def summarise(self, sweep_dir: Path, objective: str = "",
                   maximize: bool = True) -> list[Job]:
-        """Write the summary files; return the failed jobs."""
+        """Write the summary files; return the failed jobs. `objective`: the results.json
+        field to rank by (empty: the one the jobs report as theirs)."""
         jobs = find_jobs(sweep_dir)
         if not jobs:
             log.warning("sweep summary: no job directories under %s", sweep_dir)
             return []
         swept = swept_keys(jobs)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_csv(sweep_dir / "summary.csv", rows(jobs, swept), COLUMNS + swept)
+        objective = objective or next((str(j.results["objective"]) for j in jobs
+                                       if j.results.get("objective")), test_fields(jobs)[0])
+        write_csv(sweep_dir / "summary.csv", rows(jobs, swept), columns(jobs) + swept)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
                                                        maximize))
         written = ["summary.csv", "summary.md"]
         extras = []
         if self.plot:
-            extras.append(("summary.png", lambda: plot(sweep_dir / "summary.png", jobs, swept)))
+            extras.append(("summary.png", lambda: plot(sweep_dir / "summary.png", jobs, swept,
+                                                       objective)))
         if self.tensorboard:
             extras.append(("TensorBoard HParams", lambda: write_hparams(sweep_dir, jobs, swept)))
         for name, write in extras:
@@ -372,12 +399,17 @@ class SweepSummary(Callback):
         return failed
 
 
-def _maximize(config: DictConfig) -> bool:
-    """The Optuna sweeper's direction if there is one; else maximise unless it is a loss."""
+def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
+    """The Optuna sweeper's direction if there is one; else the direction the jobs report
+    for their objective (a task metric knows it: accuracy up, MAE down); else maximise
+    unless it is a loss."""
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum
     if isinstance(direction, str):
         return direction == "maximize"
+    reported = {j.results.get("objective_direction") for j in jobs} - {None}
+    if len(reported) == 1:
+        return reported == {"maximize"}
     return "loss" not in str(config.get("objective") or "")
 
 

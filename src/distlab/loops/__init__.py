@@ -1,12 +1,8 @@
-"""The two training loops, one interface (`distlab.loops.base.Loop`)."""
+"""The two training loops, one interface (`distlab.loops.base.Loop`); registered by import
+path in `distlab.registry.LOOPS`."""
 
 from distlab.loops.base import Loop
 from distlab.loops.custom import CustomLoop
 from distlab.loops.keras_fit import KerasFitLoop
-from distlab.registry import Registry
 
-LOOPS: Registry = Registry("loop")
-LOOPS.register("keras_fit")(KerasFitLoop)
-LOOPS.register("custom")(CustomLoop)
-
-__all__ = ["LOOPS", "Loop", "CustomLoop", "KerasFitLoop"]
+__all__ = ["Loop", "CustomLoop", "KerasFitLoop"]

@@ -18,11 +18,12 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.cluster import Task
+from distlab.cluster import Task as Worker
 from distlab.data import Data, distribute
 from distlab.errors import DistlabError
 from distlab.preemption import Interrupted, StopRequest
-from distlab.run_dir import RunDir
+from distlab.run_dir import RunDir, history_columns
+from distlab.tasks import Task
 
 log = logging.getLogger("distlab")
 SUM = tf.distribute.ReduceOp.SUM
@@ -38,7 +39,7 @@ class Experiment:
     model: keras.Model
     optimizer: keras.optimizers.Optimizer
     schedule: Any  # keras LearningRateSchedule, shared by both loops
-    from_logits: bool
+    task: Task  # the loss and metrics (the `task` group)
     run_dir: RunDir
     checkpoint: tf.train.Checkpoint
     manager: tf.train.CheckpointManager
@@ -46,7 +47,7 @@ class Experiment:
     step_in_epoch: tf.Variable  # steps done in epoch `epoch` (non-zero after a preemption)
     started: float = field(default_factory=time.time)
     stop: StopRequest = field(default_factory=StopRequest)
-    task: Task = field(default_factory=Task)  # this process in a multi-worker cluster
+    worker: Worker = field(default_factory=Worker)  # this process in a multi-worker cluster
     preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
 
     def learning_rate_at_epoch(self, epoch: int) -> float:
@@ -73,6 +74,7 @@ class Controller:
         self.epochs: list[dict[str, Any]] = []
         self.first_step_at: float | None = None
         self._position = (0, 0)  # (epochs done, steps into the next) at the last boundary
+        self.columns = history_columns(exp.task.metric_names)
         logs = exp.run_dir.logs  # the tags keras.callbacks.TensorBoard uses, for both loops
         self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
                          "validation": tf.summary.create_file_writer(str(logs / "validation"))}
@@ -129,19 +131,16 @@ class Controller:
         row = {
             "epoch": epoch + 1,
             "learning_rate": exp.learning_rate_at_epoch(epoch),
-            "loss": metrics.get("loss"),
-            "accuracy": metrics.get("accuracy"),
-            "val_loss": metrics.get("val_loss"),
-            "val_accuracy": metrics.get("val_accuracy"),
+            **{key: metrics.get(key) for key in self.columns[2:-2]},
             "seconds": epoch_seconds,
             "examples_per_sec": examples / max(train_seconds, 1e-9),
             "train_seconds": train_seconds,
             "examples": examples,
         }
         self.epochs.append(row)
-        exp.run_dir.append_history(row)
+        exp.run_dir.append_history(row, self.columns)
         self._write_scalars(epoch, row)
-        log.info(_summary_line(row, exp.cfg.trainer.epochs))
+        log.info(_summary_line(row, self.columns, exp.cfg.trainer.epochs))
         self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
         exp.epoch.assign(epoch + 1)
         last = epoch + 1 == exp.cfg.trainer.epochs
@@ -150,13 +149,14 @@ class Controller:
         return row
 
     def _write_scalars(self, epoch: int, row: dict[str, Any]) -> None:
+        names = ["loss", *self.exp.task.metric_names]
         with self._writers["train"].as_default(step=epoch):
-            for key in ("loss", "accuracy", "learning_rate", "examples_per_sec"):
+            for key in (*names, "learning_rate", "examples_per_sec"):
                 tf.summary.scalar(f"epoch_{key}", row[key])
         if row["val_loss"] is not None:
             with self._writers["validation"].as_default(step=epoch):
-                tf.summary.scalar("epoch_loss", row["val_loss"])
-                tf.summary.scalar("epoch_accuracy", row["val_accuracy"])
+                for key in names:
+                    tf.summary.scalar(f"epoch_{key}", row[f"val_{key}"])
         for writer in self._writers.values():
             writer.flush()
 
@@ -165,11 +165,9 @@ class Controller:
         return sum(r["examples"] for r in self.epochs) / seconds if seconds else None
 
 
-def _summary_line(row: dict[str, Any], epochs: int) -> str:
-    parts = [f"epoch {row['epoch']}/{epochs}", f"learning_rate {row['learning_rate']:.3g}",
-             f"loss {row['loss']:.4f}", f"accuracy {row['accuracy']:.4f}"]
-    if row["val_loss"] is not None:
-        parts += [f"val_loss {row['val_loss']:.4f}", f"val_accuracy {row['val_accuracy']:.4f}"]
+def _summary_line(row: dict[str, Any], columns: list[str], epochs: int) -> str:
+    parts = [f"epoch {row['epoch']}/{epochs}", f"learning_rate {row['learning_rate']:.3g}"]
+    parts += [f"{key} {row[key]:.4f}" for key in columns[2:-2] if row[key] is not None]
     parts += [f"{row['seconds']:.1f}s", f"{row['examples_per_sec']:.0f} examples/sec"]
     return " - ".join(parts)
 
@@ -178,14 +176,13 @@ class Loop:
     """Interface of a training loop (the Trainer). Subclasses register in LOOPS.
 
     Evaluation is shared: both loops measure validation and test figures with the same
-    distributed step (mean per-example loss and accuracy over the whole split).
+    distributed step (mean per-example loss and task metrics over the whole split).
     """
 
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.controller = Controller(exp)
-        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(
-            from_logits=exp.from_logits, reduction=None)
+        self.loss_fn = exp.task.loss
         if exp.cfg.loop.jit_compile:
             self._test_step = tf.function(self._test_step, jit_compile=True)
         self._eval_all = tf.function(self._eval_dataset)
@@ -196,14 +193,28 @@ class Loop:
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:
-        """{"test_loss", "test_accuracy"} on the test split under the current strategy: exact
-        means over the real examples, whatever the replica count (padding rows weigh 0)."""
-        loss_sum, correct, count = self._eval_all(self._distribute(self.exp.data.test)).numpy()
-        return {"test_loss": float(loss_sum / count), "test_accuracy": float(correct / count)}
+        """{"test_loss", "test_<metric>"...} on the test split under the current strategy:
+        exact means over the real examples, whatever the replica count (padding weighs 0)."""
+        sums = self._eval_all(self._distribute(self.exp.data.test)).numpy()
+        return {f"test_{k}": v for k, v in self.means(sums).items()}
+
+    def means(self, sums) -> dict[str, float]:
+        """{"loss", <metric>...} from the summed batch stats (loss, metrics..., count)."""
+        count = sums[-1]
+        values = {"loss": float(sums[0] / count)}
+        for metric, total in zip(self.exp.task.metrics, sums[1:-1], strict=True):
+            values[metric.name] = float(metric.finalize(total / count))
+        return values
 
     def validate_now(self, epoch: int) -> bool:
         every = self.exp.cfg.trainer.validate_every
         return bool(every) and (epoch + 1) % every == 0
+
+    def with_validation(self, epoch: int, metrics: dict[str, float]) -> dict[str, float]:
+        """`metrics` plus val_loss, val_<metric>... when epoch `epoch` validates."""
+        if self.validate_now(epoch):
+            metrics.update({f"val_{k[len('test_'):]}": v for k, v in self.evaluate().items()})
+        return metrics
 
     # ---- distributed pieces shared by the loops
     def _distribute(self, dataset: tf.data.Dataset):
@@ -211,23 +222,28 @@ class Loop:
         return distribute(self.exp.strategy, dataset)
 
     def _batch_stats(self, labels, predictions, per_example_loss, weights):
-        """Per replica, over its real rows (weight > 0): (sum of per-example loss, number
-        correct, number of examples), in float64 so sums do not depend on the split."""
+        """Per replica, over its real rows (weight > 0): [sum of per-example loss, sum of each
+        per-example metric..., number of examples], in float64 so sums do not depend on the
+        split."""
         real = tf.cast(weights > 0, tf.float64)
-        correct = tf.equal(tf.argmax(predictions, axis=-1, output_type=labels.dtype), labels)
-        return (tf.reduce_sum(real * tf.cast(per_example_loss, tf.float64)),
-                tf.reduce_sum(real * tf.cast(correct, tf.float64)), tf.reduce_sum(real))
+        values = [per_example_loss] + [m.per_example(labels, predictions)
+                                       for m in self.exp.task.metrics]
+        sums = [tf.reduce_sum(real * tf.cast(v, tf.float64)) for v in values]
+        return tf.stack([*sums, tf.reduce_sum(real)])
 
     def _test_step(self, features, labels, weights):
         predictions = self.exp.model(features, training=False)
         return self._batch_stats(labels, predictions, self.loss_fn(labels, predictions), weights)
 
     def _reduce(self, per_replica) -> tf.Tensor:
-        strategy = self.exp.strategy
-        return tf.stack([strategy.reduce(SUM, v, axis=None) for v in per_replica])
+        return self.exp.strategy.reduce(SUM, per_replica, axis=None)
+
+    @property
+    def num_stats(self) -> int:
+        return len(self.exp.task.metrics) + 2
 
     def _eval_dataset(self, dist_dataset):
-        totals = tf.zeros([3], tf.float64)
+        totals = tf.zeros([self.num_stats], tf.float64)
         for batch in dist_dataset:
             totals += self._reduce(self.exp.strategy.run(self._test_step, args=batch))
         return totals

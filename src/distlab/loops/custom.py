@@ -27,7 +27,7 @@ class CustomLoop(Loop):
             self._train_step = tf.function(self._train_step, jit_compile=True)
         self._train_n = tf.function(self._train_n_steps)
 
-    # ---- replica function: returns (sum of per-example loss, correct, count)
+    # ---- replica function: returns [sum of per-example loss, metric sums..., count]
     def _train_step(self, features, labels, weights):
         model, exp = self.exp.model, self.exp
         with tf.GradientTape() as tape:
@@ -43,7 +43,7 @@ class CustomLoop(Loop):
 
     # ---- cross-replica function
     def _train_n_steps(self, iterator, n):
-        totals = tf.zeros([3], tf.float64)
+        totals = tf.zeros([self.num_stats], tf.float64)
         for _ in tf.range(n):
             totals += self._reduce(self.exp.strategy.run(self._train_step, args=next(iterator)))
         return totals
@@ -60,24 +60,20 @@ class CustomLoop(Loop):
             first = done
             if verbose:
                 print(f"Epoch {epoch + 1}/{trainer.epochs}", flush=True)
+            names = ["loss", *exp.task.metric_names]
             bar = keras.utils.Progbar(steps, verbose=verbose,
-                                      stateful_metrics=["loss", "accuracy", "examples/sec"])
+                                      stateful_metrics=[*names, "examples/sec"])
             start = time.time()
-            totals = np.zeros(3)
+            totals = np.zeros(self.num_stats)
             while done < steps:
                 n = min(per_call, steps - done)
                 chunk = self._train_n(iterator, tf.constant(n, tf.int64)).numpy()
                 totals += chunk
                 done += n
                 self.controller.step_end(epoch, done, float(chunk[0]))
-                loss_sum, correct, count = totals
-                bar.update(done, [("loss", loss_sum / count), ("accuracy", correct / count),
-                                  ("examples/sec", count / (time.time() - start))])
+                bar.update(done, [*self.means(totals).items(),
+                                  ("examples/sec", totals[-1] / (time.time() - start))])
             train_seconds = time.time() - start
-            loss_sum, correct, count = totals
-            metrics = {"loss": float(loss_sum / count), "accuracy": float(correct / count)}
-            if self.validate_now(epoch):
-                test = self.evaluate()
-                metrics.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
+            metrics = self.with_validation(epoch, self.means(totals))
             self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds,
                                       steps_run=done - first)

@@ -2,7 +2,7 @@
 
 fit gets the same per-replica rows and weights as the custom loop (`distlab.data.
 distribute`): the compiled loss weighs the rows so a short batch averages over its real
-examples, and the history's loss and accuracy are Keras metrics over the real rows
+examples, and the history's loss and task metrics are Keras metrics over the real rows
 only. Every epoch runs exactly `steps_per_epoch` steps whatever `loop.steps_per_execution`
 is: when the block size does not divide the epoch, each epoch is a fit of its own over
 exactly its own batches, so Keras' last block of the epoch stops where the data does.
@@ -49,10 +49,12 @@ class _EpochCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs if logs is not None else {}
         train_end = time.time()
-        metrics = {"loss": logs.get("example_loss"), "accuracy": logs.get("accuracy")}
-        if self.loop.validate_now(epoch):
-            test = self.loop.evaluate()
-            metrics.update(val_loss=test["test_loss"], val_accuracy=test["test_accuracy"])
+        task = self.loop.exp.task
+        metrics = {"loss": logs.get("example_loss")}
+        for metric in task.metrics:
+            value = logs.get(metric.name)
+            metrics[metric.name] = None if value is None else float(metric.finalize(value))
+        metrics = self.loop.with_validation(epoch, metrics)
         self.loop.controller.epoch_end(epoch, metrics, time.time() - self._epoch_start,
                                        train_end - self._epoch_start, self._steps)
         self.skip_steps = 0
@@ -75,16 +77,14 @@ class KerasFitLoop(Loop):
                 f"{replicas} replicas in Keras {keras.__version__} (keras#19246), which distlab "
                 "corrects only for the Keras versions it was checked with. Use "
                 "loop.steps_per_execution=1, or loop=custom with loop.steps_per_loop")
-        from_logits = exp.from_logits
+        task = exp.task
         with exp.strategy.scope():
             exp.model.compile(
                 optimizer=exp.optimizer,
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
+                loss=task.loss,  # per example; Keras weighs and averages it
                 weighted_metrics=[
-                    RealExamplesMean(keras.metrics.sparse_categorical_accuracy, name="accuracy"),
-                    RealExamplesMean(
-                        lambda y, p: keras.losses.sparse_categorical_crossentropy(
-                            y, p, from_logits=from_logits), name="example_loss"),
+                    *(RealExamplesMean(m.per_example, name=m.name) for m in task.metrics),
+                    RealExamplesMean(task.loss, name="example_loss"),
                 ],
                 steps_per_execution=cfg.loop.steps_per_execution,
                 jit_compile=cfg.loop.jit_compile,

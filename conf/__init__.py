@@ -1,0 +1,1 @@
+"""distlab's Hydra configs, installed as the package `distlab.conf` (`pkg://distlab.conf`)."""

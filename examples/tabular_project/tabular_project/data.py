@@ -1,0 +1,88 @@
+"""Dataset builders on data that ships inside scikit-learn (no download).
+
+A dataset builder is called as `f(cfg)` with the composed `dataset` node and returns
+`distlab.DataSplits`: distlab then preprocesses (`dataset.preprocess`), caches, shuffles
+per (seed, epoch), batches by the global batch and distributes the splits exactly as it
+does a tfds dataset. Each builder registers a schema that extends distlab's
+`DatasetConfig`: the common keys (batch_size_per_replica, shuffle_buffer, cache, preprocess,
+augment, ...) keep their meaning and defaults, and the builder's own keys (`test_fraction`,
+`split_seed`, ...) are checked (unknown key, wrong type) before TensorFlow starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import DictConfig
+from sklearn.datasets import load_diabetes, load_digits
+from sklearn.model_selection import train_test_split
+
+import distlab
+from distlab.config import DatasetConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DigitsConfig(DatasetConfig):
+    """`dataset=digits`: distlab's common dataset keys plus the split's own."""
+
+    test_fraction: float = 0.25  # share of the 1797 images held out as the test split
+    split_seed: int = 0  # random_state of the stratified train/test split
+
+
+@dataclass
+class DiabetesConfig(DatasetConfig):
+    """`dataset=diabetes`: distlab's common dataset keys plus the split's and target's own."""
+
+    test_fraction: float = 0.2  # share of the 442 patients held out as the test split
+    split_seed: int = 0  # random_state of the train/test split
+    standardize_target: bool = True  # labels (y - train mean) / train std; false: raw y
+
+
+def _split(x: np.ndarray, y: np.ndarray, cfg: DictConfig,
+           stratify: bool) -> tuple[np.ndarray, ...]:
+    """A deterministic train/test split: x_train, x_test, y_train, y_test."""
+    if not 0 < cfg.test_fraction < 1:
+        raise distlab.DistlabError(
+            f"dataset.test_fraction={cfg.test_fraction} is invalid: must be in (0, 1)")
+    return train_test_split(x, y, test_size=cfg.test_fraction, random_state=cfg.split_seed,
+                            stratify=y if stratify else None)
+
+
+@distlab.register("dataset", "digits", schema=DigitsConfig)
+def digits(cfg: DictConfig) -> distlab.DataSplits:
+    """8x8 grey-scale digits, 10 classes: uint8 images (8, 8, 1) of raw values 0..16.
+
+    The images stay raw; `dataset.preprocess.rescale: 16.0` maps them to [0, 1] in the
+    input pipeline and in the exported model, which therefore takes raw 0..16 images.
+    """
+    bunch = load_digits()
+    images = bunch.images.astype(np.uint8)[..., np.newaxis]  # (1797, 8, 8, 1)
+    labels = bunch.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = _split(images, labels, cfg, stratify=True)
+    return distlab.DataSplits(train=(x_train, y_train), test=(x_test, y_test), num_classes=10)
+
+
+@distlab.register("dataset", "diabetes", schema=DiabetesConfig)
+def diabetes(cfg: DictConfig) -> distlab.DataSplits:
+    """Disease progression of 442 patients from 10 features: a float target, one output.
+
+    The features are scikit-learn's own scaled ones (each column centred, with norm 1,
+    so a standard deviation of 1/sqrt(442) = 0.0476); the YAML's `preprocess.std` brings
+    them to unit variance. With `standardize_target` the labels are standardised with the
+    train split's mean and standard deviation (logged), so the loss, MAE and RMSE are in
+    units of that standard deviation; multiply by it for the original scale.
+    """
+    bunch = load_diabetes()
+    x = bunch.data.astype(np.float32)
+    y = bunch.target.astype(np.float32)
+    x_train, x_test, y_train, y_test = _split(x, y, cfg, stratify=False)
+    if cfg.standardize_target:
+        mean, std = float(y_train.mean()), float(y_train.std())
+        y_train, y_test = (y_train - mean) / std, (y_test - mean) / std
+        log.info("diabetes: target standardised with the train split's mean %.2f and "
+                 "std %.2f (losses and metrics are in units of that std)", mean, std)
+    return distlab.DataSplits(train=(x_train, y_train), test=(x_test, y_test), num_outputs=1)

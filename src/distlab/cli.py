@@ -1,0 +1,40 @@
+"""The `distlab` command: compose the config with Hydra, run it, return the objective.
+
+`distlab ARGS` reads the configs installed with the package (`pkg://distlab.conf`);
+`python run.py ARGS` in a checkout calls `main` with the checkout's `conf/` directory.
+Importing this module does not import TensorFlow, so `--cfg job` and `--help` stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ INFO/WARNING start-up chatter
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from distlab.config import register_configs  # noqa: E402
+from distlab.run_dir import check_output_dir_args  # noqa: E402
+
+PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
+
+
+def task(cfg: DictConfig) -> float | None:
+    """One Hydra job (sweep jobs included): run the composed config, return its objective."""
+    from distlab import run
+
+    return run(cfg)
+
+
+def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
+    """Parse the command line (Hydra overrides and flags), compose `config`, run the job(s).
+
+    `config_path`: the primary config directory, as an absolute path or a `pkg://` package.
+    A run dir named on the command line that cannot be created is one error line, exit 1.
+    """
+    register_configs()
+    if problem := check_output_dir_args(sys.argv[1:]):
+        sys.exit(f"error: {problem}")
+    hydra.main(version_base="1.3", config_path=config_path, config_name="config")(task)()

@@ -1,0 +1,99 @@
+"""examples/tabular_project: a user's own datasets, model and task, run through `run.py`.
+
+Real `python run.py --config-dir conf ...` subprocesses from the example's directory (as its
+README says), on data that ships inside scikit-learn (a dev dependency).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from distlab.run_dir import history_columns
+
+pytestmark = pytest.mark.slow
+EXAMPLE = ROOT / "examples" / "tabular_project"
+QUIET = ["loop.verbose=0"]
+
+
+@pytest.fixture(autouse=True)
+def _scikit_learn() -> None:
+    if importlib.util.find_spec("sklearn") is None:
+        pytest.fail("scikit-learn is not installed; the example project's datasets need it: "
+                    "pip install -e '.[dev]' (or pip install scikit-learn)")
+
+
+def run_example(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python <repo>/run.py --config-dir conf ARGS` from the example project's directory."""
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", "conf", *args],
+                         cwd=EXAMPLE, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def check_run_dir(path: Path, metrics: list[str], epochs: int, export: bool) -> dict:
+    """The files every distlab run writes; its completed results.json."""
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "run.log",
+                 "checkpoints/checkpoint"):
+        assert (path / name).exists(), name
+    for kind in ("train", "validation"):
+        assert list((path / "logs" / kind).glob("events.out.tfevents.*")), kind
+    assert (path / "saved_model" / "saved_model.pb").exists() == export
+    with open(path / "history.csv", newline="") as f:
+        history = list(csv.DictReader(f))
+    assert list(history[0]) == history_columns(metrics)
+    assert [int(row["epoch"]) for row in history] == list(range(1, epochs + 1))
+    results = json.loads((path / "results.json").read_text())
+    assert results["status"] == "completed", results
+    assert results["epochs_completed"] == epochs
+    return results
+
+
+def test_digits_keras_fit_on_two_replicas(tmp_path):
+    run_example("experiment=digits", "loop=keras_fit", "strategy.cpu_devices=2",
+                "trainer.epochs=3", f"hydra.run.dir={tmp_path}", *QUIET)
+    results = check_run_dir(tmp_path, ["accuracy"], epochs=3, export=True)
+    assert (results["dataset"], results["loop"]) == ("digits", "keras_fit")
+    assert (results["num_replicas"], results["global_batch_size"]) == (2, 64)
+    assert results["steps_per_epoch"] == 22  # 1347 train images (test_fraction 0.25) by 64
+    assert results["export_max_abs_diff"] < 1e-4
+    assert results["test_accuracy"] > 0.85
+
+
+def test_diabetes_custom_loop_reports_the_tasks_metrics(tmp_path):
+    run_example("experiment=diabetes", "loop=custom", "strategy=default", "trainer.epochs=3",
+                "trainer.export=false", f"hydra.run.dir={tmp_path}", *QUIET)
+    metrics = ["mae", "rmse", "within_tolerance"]
+    results = check_run_dir(tmp_path, metrics, epochs=3, export=False)
+    assert (results["dataset"], results["loop"], results["num_replicas"]) == ("diabetes",
+                                                                              "custom", 1)
+    assert results["objective"] == "test_mae"  # the task's first metric
+    assert "test_accuracy" not in results
+    mae, rmse, hits = (results[f"test_{m}"] for m in metrics)
+    assert 0 < mae <= rmse < 1.5  # standardised target: a fit beats predicting the mean (1)
+    assert 0 <= hits <= 1 and results["test_loss"] > 0
+    assert "target standardised with the train split's mean" in (tmp_path / "run.log").read_text()
+
+
+def test_sweep_over_the_example(tmp_path):
+    run_example("-m", "experiment=diabetes", "strategy=default", "trainer.epochs=2",
+                "trainer.export=false", "dataset.batch_size_per_replica=16,32",
+                f"hydra.sweep.dir={tmp_path}", *QUIET)
+    with open(tmp_path / "summary.csv", newline="") as f:
+        jobs = list(csv.DictReader(f))
+    assert [(job["status"], job["dataset.batch_size_per_replica"]) for job in jobs] == [
+        ("completed", "16"), ("completed", "32")]
+    assert all(float(job["test_mae"]) > 0 for job in jobs)
+    for num, batch in ((0, 16), (1, 32)):
+        results = check_run_dir(tmp_path / str(num), ["mae", "rmse", "within_tolerance"],
+                                epochs=2, export=False)
+        assert results["batch_size_per_replica"] == batch

@@ -1,0 +1,48 @@
+"""The exported SavedModel serves raw inputs through `serving_default` (saved_model_cli)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import fast_overrides, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _raw_test_split(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    import tensorflow_datasets as tfds
+
+    ds = tfds.load("mnist", split="test", data_dir=str(data_dir), as_supervised=True,
+                   batch_size=-1)
+    return tfds.as_numpy(ds)
+
+
+def test_saved_model_cli_on_raw_images_reproduces_test_accuracy(tiny_data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_cli(*fast_overrides(tiny_data_dir), "trainer.export=true", "trainer.epochs=1",
+                  "optimizer.learning_rate=2e-4", "strategy.cpu_devices=2",
+                  f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    images, labels = _raw_test_split(tiny_data_dir)
+    assert images.dtype == np.uint8  # raw pixels, as a client sends them
+    np.save(tmp_path / "raw.npy", images)
+    cli = Path(sys.executable).parent / "saved_model_cli"
+    served = subprocess.run(
+        [str(cli), "run", "--dir", str(run_dir / "saved_model"), "--tag_set", "serve",
+         "--signature_def", "serving_default", "--inputs", f"inputs={tmp_path / 'raw.npy'}",
+         "--outdir", str(tmp_path / "served")], capture_output=True, text=True, timeout=180)
+    assert served.returncode == 0, served.stderr[-3000:]
+    logits = np.load(tmp_path / "served" / "output_0.npy").astype(np.float64)
+    accuracy = float(np.mean(logits.argmax(-1) == labels))
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    loss = float(-log_probs[np.arange(len(labels)), labels].mean())
+    assert 0.0 < results["test_accuracy"] < 1.0  # not a trivially perfect model
+    assert accuracy == pytest.approx(results["test_accuracy"], abs=1e-6)
+    assert loss == pytest.approx(results["test_loss"], abs=1e-5)

@@ -1,0 +1,184 @@
+"""The task group (classification, regression, user tasks) and data beyond tfds images:
+feature mappings, float labels, user dataset builders, preprocessing and augmentation."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import TINY_REGRESSION_FEATURES, TINY_TEST, compose
+
+from distlab.errors import DistlabError
+
+REGRESSION = ["dataset.name=tiny_regression", "dataset.features.input=measurements",
+              "dataset.features.label=target", "dataset.preprocess.rescale=null",
+              "task=regression", "model=mlp", "model.hidden_units=[16]", "optimizer=sgd",
+              "optimizer.learning_rate=0.01", "deterministic=true", "strategy=mirrored"]
+
+
+@pytest.mark.slow
+def test_regression_parity_across_loops_and_replicas(run_inprocess):
+    """fit = custom, and 1 replica x 64 = 2 replicas x 32, on a tfds dataset with its own
+    feature names and a float label; results and history use the task's metric names."""
+    runs = {(loop, replicas): run_inprocess(
+        *REGRESSION, f"loop={loop}", f"strategy.cpu_devices={replicas}",
+        f"dataset.batch_size_per_replica={64 // replicas}", "objective=test_rmse")
+        for loop in ("keras_fit", "custom") for replicas in (1, 2)}
+    reference = runs[("custom", 1)]
+    assert {"test_loss", "test_mae", "test_rmse"} <= set(reference)
+    assert "test_accuracy" not in reference
+    assert reference["test_rmse"] == pytest.approx(np.sqrt(reference["test_loss"]), rel=1e-6)
+    for key, results in runs.items():
+        for field in ("test_loss", "test_mae", "test_rmse"):
+            assert results[field] == pytest.approx(reference[field], abs=1e-5), (key, field)
+
+
+def test_regression_history_columns_and_objective(run_inprocess, tmp_path):
+    out = tmp_path / "reg"
+    results = run_inprocess(*REGRESSION, "loop=custom", "strategy=default", out=out)
+    header = (out / "history.csv").read_text().splitlines()[0]
+    assert header == ("epoch,learning_rate,loss,mae,rmse,val_loss,val_mae,val_rmse,seconds,"
+                      "examples_per_sec")
+    assert results["test_loss"] < 5.0  # it learns the linear target (variance ~6 at start)
+
+
+def test_an_objective_the_task_does_not_report_is_refused(run_inprocess, tmp_path):
+    out = tmp_path / "bad"
+    with pytest.raises(SystemExit):
+        run_inprocess(*REGRESSION, "loop=custom", "strategy=default", "objective=test_accuracy",
+                      out=out)
+    error = (out / "results.json").read_text()
+    assert "objective=test_accuracy is not a result of task 'regression'" in error
+    assert "test_loss, test_mae, test_rmse" in error
+
+
+def test_classification_top_k_and_probabilities(run_inprocess):
+    logits = run_inprocess("loop=custom", "strategy=default", "task.top_k=3",
+                           "trainer.epochs=1")
+    assert 0 <= logits["test_accuracy"] <= logits["test_top3_accuracy"] <= 1
+    # a softmax model: from_logits follows the model; the same task in fit
+    probs = run_inprocess("loop=keras_fit", "strategy=default", "model.output_activation=softmax",
+                          "task.top_k=3", "trainer.epochs=1")
+    assert probs["test_accuracy"] <= probs["test_top3_accuracy"]
+    assert probs["test_loss"] < 2.5  # cross-entropy of probabilities, not of logits-as-probs
+
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "user_data.py").write_text(textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+        from distlab import DataSplits
+
+        def _arrays(n, seed):
+            rng = np.random.default_rng(seed)
+            x = rng.normal(size=(n, 4)).astype("float32")
+            return x, (x[:, 0] > 0).astype("int64")
+
+        def arrays(cfg):
+            return DataSplits(train=_arrays(200, 0), test=_arrays(50, 1), num_classes=2)
+
+        def datasets(cfg):
+            train, test = (tf.data.Dataset.from_tensor_slices(_arrays(n, s))
+                           for n, s in ((200, 0), (50, 1)))
+            return DataSplits(train=train, test=test, num_classes=2)
+
+        def wrong(cfg):
+            return {"train": None}
+
+        def float_labels_as_classes(cfg):
+            x, y = _arrays(20, 0)
+            return DataSplits(train=(x, y.astype("float32")), test=(x, y), num_classes=2)
+    """))
+    yield
+    sys.modules.pop("user_data", None)
+
+
+USER = ["dataset.preprocess.rescale=null", "model=mlp", "model.hidden_units=[8]",
+        "strategy=default", "loop=custom", "trainer.epochs=4", "dataset.batch_size_per_replica=32",
+        "optimizer.learning_rate=0.02"]
+
+
+@pytest.mark.parametrize("builder", ["arrays", "datasets"])
+def test_user_dataset_builder(user_package, run_inprocess, builder):
+    results = run_inprocess(*USER, f"dataset.name=user_data:{builder}")
+    assert results["dataset"] == f"user_data:{builder}"
+    assert results["steps_per_epoch"] == 7  # 200 rows by 32, a short last batch
+    assert results["test_accuracy"] > 0.8
+
+
+@pytest.mark.parametrize("builder, message", [
+    ("wrong", "returned dict; a dataset builder returns distlab.DataSplits"),
+    ("float_labels_as_classes", "num_classes is set but its labels are float32"),
+])
+def test_user_dataset_errors(user_package, run_inprocess, tmp_path, builder, message):
+    out = tmp_path / builder
+    with pytest.raises(SystemExit):
+        run_inprocess(*USER, f"dataset.name=user_data:{builder}", out=out)
+    assert message in (out / "results.json").read_text()
+
+
+def test_augmentation_is_refused_for_non_images(user_package, run_inprocess, tmp_path):
+    out = tmp_path / "aug"
+    with pytest.raises(SystemExit):
+        run_inprocess(*USER, "dataset.name=user_data:arrays", "dataset.augment.flip=horizontal",
+                      out=out)
+    assert "dataset.augment works on images" in (out / "results.json").read_text()
+
+
+def _load(tiny_data_dir, *overrides: str):
+    from distlab import data
+
+    cfg = compose([f"dataset.data_dir={tiny_data_dir}", *overrides])
+    return data.load(cfg.dataset, num_replicas=1, seed=3, steps_per_epoch=None)
+
+
+def _epoch(d, epoch: int) -> np.ndarray:
+    return np.concatenate([x.numpy() for x, _ in d.train_epochs(epoch, epoch + 1)])
+
+
+def test_augmentation_is_seeded_per_epoch_and_train_only(tiny_data_dir):
+    plain = _load(tiny_data_dir, "dataset.name=cifar10", "dataset.shuffle_buffer=0")
+    augmented = _load(tiny_data_dir, "dataset.name=cifar10", "dataset.shuffle_buffer=0",
+                      "dataset.augment.flip=horizontal", "dataset.augment.crop_padding=4")
+    e0, e0_again, e1 = _epoch(augmented, 0), _epoch(augmented, 0), _epoch(augmented, 1)
+    assert np.array_equal(e0, e0_again)  # a function of (seed, epoch, place) only
+    assert not np.array_equal(e0, e1) and not np.array_equal(e0, _epoch(plain, 0))
+    assert e0.shape == _epoch(plain, 0).shape == (256, 32, 32, 3)
+    # resuming 2 steps into an epoch gives that epoch's remaining batches exactly
+    rest = np.concatenate([x.numpy() for x, _ in augmented.train_epochs(1, 2, skip_steps=2)])
+    assert np.array_equal(rest, e1[2 * 64:])
+    test_plain = np.concatenate([x.numpy() for x, _ in plain.test])
+    test_aug = np.concatenate([x.numpy() for x, _ in augmented.test])
+    assert np.array_equal(test_plain, test_aug)  # never on the test split
+
+
+def test_preprocessing_normalises_per_channel(tiny_data_dir):
+    d = _load(tiny_data_dir, "dataset.name=cifar10", "dataset.preprocess.rescale=255",
+              "dataset.preprocess.mean=[0.1,0.2,0.3]", "dataset.preprocess.std=[0.5,0.5,0.5]")
+    raw = np.stack([x.numpy() for x, _ in d.raw_test.take(4)])
+    assert raw.dtype == np.uint8 and d.raw_input.dtype.name == "uint8"
+    expected = (raw / 255.0 - np.array([0.1, 0.2, 0.3])) / 0.5
+    assert np.allclose(d.preprocess(raw).numpy(), expected, atol=1e-6)
+    first = next(iter(d.test))[0][:4].numpy()
+    assert np.allclose(first, expected, atol=1e-6)
+    with pytest.raises(DistlabError, match=r"dataset\.preprocess\.mean has 2 entries but the "
+                                           r"inputs have 3 channels"):
+        _load(tiny_data_dir, "dataset.name=cifar10", "dataset.preprocess.mean=[0.1,0.2]")
+
+
+def test_feature_mapping_errors(tiny_data_dir):
+    with pytest.raises(DistlabError, match=r"dataset\.features\.label='price' is not a feature "
+                                           r"of tiny_regression; its features: measurements, "
+                                           r"target"):
+        _load(tiny_data_dir, "dataset.name=tiny_regression", "dataset.features.input=measurements",
+              "dataset.features.label=price")
+    with pytest.raises(DistlabError, match="no supervised keys"):
+        _load(tiny_data_dir, "dataset.name=tiny_regression")
+    d = _load(tiny_data_dir, "dataset.name=tiny_regression", "dataset.features.input=measurements",
+              "dataset.features.label=target", "dataset.preprocess.rescale=null")
+    assert (d.input_shape, d.outputs, d.num_test) == ((TINY_REGRESSION_FEATURES,), 1, TINY_TEST)

@@ -142,6 +142,16 @@ def test_cfg_job_imports_no_tensorflow():
     assert time.time() - start < 30
 
 
+def test_help_lists_the_option_groups_and_no_internal_schema():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    groups = out.stdout.split("== Config ==")[0]
+    assert "task: classification, regression" in groups and "model: " in groups, out.stdout
+    assert "schema" not in groups
+
+
 @pytest.mark.parametrize("args,needle", [
     (["trainer.epochs=abc"], "trainer.epochs"),
     (["dataset.batch_size_per_replica=0"], "dataset.batch_size_per_replica"),

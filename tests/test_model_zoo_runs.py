@@ -9,8 +9,9 @@ from conftest import fast_overrides, run_cli
 
 pytestmark = pytest.mark.slow
 
-CIFAR = ["dataset=cifar10", "dataset.batch_size_per_replica=16", "trainer.steps_per_epoch=3",
-         "trainer.epochs=1", "strategy=mirrored", "strategy.cpu_devices=2", "deterministic=true"]
+CIFAR = ["dataset=cifar10", "dataset.batch_size_per_replica=8", "trainer.steps_per_epoch=2",
+         "trainer.epochs=1", "trainer.validate_every=0", "strategy=mirrored",
+         "strategy.cpu_devices=2", "deterministic=true"]
 ZOO = {
     "mlp": ["model=mlp", "model.dropout=0.2", "model.batch_norm=true"],
     "resnet": ["model=resnet", "model.depth=8", "model.sync_batch_norm=true"],

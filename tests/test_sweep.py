@@ -96,6 +96,27 @@ def test_overrides_and_swept_keys():
     assert swept_keys(jobs[:1]) == []
 
 
+def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_path):
+    for num, mae in enumerate([0.7, 0.5, 0.9]):
+        _fake_job(tmp_path, num, [f"optimizer.learning_rate={num + 1}e-3"],
+                  {"status": "completed", "test_loss": mae ** 2, "test_mae": mae,
+                   "test_rmse": mae * 1.2, "objective": "test_mae",
+                   "objective_direction": "minimize", "train_examples_per_sec": 10.0})
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"objective": None, "hydra": {"sweep": {"dir": str(tmp_path)}}})
+    from distlab.sweep import _maximize, find_jobs
+
+    maximize = _maximize(config, find_jobs(tmp_path))
+    assert maximize is False
+    SweepSummary().summarise(tmp_path, maximize=maximize)
+    rows = _summary(tmp_path)
+    assert list(rows[0])[7:10] == ["test_mae", "test_rmse", "test_loss"]
+    md = (tmp_path / "summary.md").read_text()
+    assert "Best test_mae (min): 0.5 in job 1" in md and "test mae" in md
+    _assert_png(tmp_path / "summary.png")
+
+
 def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
     common = ["trainer.epochs=1", "loop=custom"]
     done = {"status": "completed", "batch_size_per_replica": 32, "global_batch_size": 64,

@@ -372,7 +372,7 @@ def _distlab_option(cfg: DictConfig, key: str) -> bool:
     from distlab.registry import REGISTRIES
 
     group = key.split(".", 1)[0]
-    if group not in REGISTRIES or "." not in key:
+    if group not in REGISTRIES or group == "dataset":  # every dataset has distlab's keys
         return True
     name = OmegaConf.select(cfg, f"{group}.name", default=None)
     return name is None or REGISTRIES[group].is_builtin(str(name))

@@ -63,7 +63,8 @@ def huber_regression(cfg: DictConfig) -> Task:
         y, p = aligned(y, p)
         return tf.cast(tf.reduce_max(tf.abs(p - y), axis=-1) <= tolerance, p.dtype)
 
-    return Task(loss=huber, metrics=[Metric("mae", absolute),
-                                     Metric("rmse", squared, finalize=math.sqrt),
+    return Task(loss=huber, metrics=[Metric("mae", absolute, higher_is_better=False),
+                                     Metric("rmse", squared, finalize=math.sqrt,
+                                            higher_is_better=False),
                                      Metric("within_tolerance", within)],
                 from_logits=False)

@@ -182,3 +182,16 @@ def test_feature_mapping_errors(tiny_data_dir):
     d = _load(tiny_data_dir, "dataset.name=tiny_regression", "dataset.features.input=measurements",
               "dataset.features.label=target", "dataset.preprocess.rescale=null")
     assert (d.input_shape, d.outputs, d.num_test) == ((TINY_REGRESSION_FEATURES,), 1, TINY_TEST)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["task=regression", "strategy=default"],
+     "task=regression needs value labels, but dataset mnist's labels are classes"),
+    ([*REGRESSION[:4], "task=classification", "strategy=default"],
+     "task=classification needs class labels, but dataset tiny_regression's labels are values"),
+])
+def test_a_task_the_labels_do_not_fit_is_refused(run_inprocess, tmp_path, overrides, message):
+    out = tmp_path / "mismatch"
+    with pytest.raises(SystemExit):
+        run_inprocess(*overrides, out=out)
+    assert message in (out / "results.json").read_text()

@@ -43,6 +43,7 @@ class Data:
     num_test: int
     input_shape: tuple[int, ...]
     outputs: int  # classes (classification) or values per example (regression)
+    classes: bool  # whether labels are classes (tfds ClassLabel, or num_classes given)
     global_batch_size: int
     steps_per_epoch: int
     shuffle_buffer: int
@@ -236,7 +237,7 @@ def _num_examples(info: tfds.core.DatasetInfo, split: str, ds: tf.data.Dataset) 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
     splits = _user_splits(cfg) if is_user_dataset(cfg.name) else _tfds_splits(cfg)
-    raw_train, raw_test, num_train, num_test, outputs = splits
+    raw_train, raw_test, num_train, num_test, outputs, classes = splits
     raw_input = raw_train.element_spec[0]
     preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
@@ -254,6 +255,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         num_test=num_test,
         input_shape=tuple(train.element_spec[0].shape),
         outputs=outputs,
+        classes=classes,
         global_batch_size=gb,
         steps_per_epoch=steps,
         shuffle_buffer=cfg.shuffle_buffer,
@@ -265,7 +267,8 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     )
 
 
-Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int]  # train, test, n, n, outputs
+# train, test, their sizes, outputs, whether the labels are classes
+Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int, bool]
 
 
 def is_user_dataset(name: str) -> bool:
@@ -313,7 +316,7 @@ def _tfds_splits(cfg: DictConfig) -> Splits:
         outputs = int(label.num_classes)
     else:
         outputs = max(1, math.prod(label.shape or ()))
-    return train, test, num_train, num_test, outputs
+    return train, test, num_train, num_test, outputs, isinstance(label, tfds.features.ClassLabel)
 
 
 def _user_splits(cfg: DictConfig) -> Splits:
@@ -341,7 +344,7 @@ def _user_splits(cfg: DictConfig) -> Splits:
         outputs = int(splits.num_classes)
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
-    return train, test, _count(train), _count(test), outputs
+    return train, test, _count(train), _count(test), outputs, splits.num_classes is not None
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:

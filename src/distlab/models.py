@@ -151,10 +151,6 @@ def _one_line(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
-def build(cfg: DictConfig, input_shape: tuple[int, ...], num_classes: int) -> keras.Model:
-    return MODELS.get(cfg.name)(cfg, input_shape, num_classes)
-
-
-def from_logits(cfg: DictConfig) -> bool:
-    """Whether the model's outputs are logits (the loss must then use from_logits=True)."""
-    return cfg.output_activation is None
+def build(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Model:
+    """The model `cfg.name` names (registered, or an import path); call inside the scope."""
+    return MODELS.get(cfg.name)(cfg, input_shape, outputs)

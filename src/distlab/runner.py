@@ -48,6 +48,12 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
                      started: float) -> Experiment:
     data = data_lib.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
                          cfg.trainer.steps_per_epoch)
+    task = tasks.build(cfg.task)
+    tasks.check_labels(task, cfg.task.name, data.name, data.classes)
+    fields = ["test_loss", *(f"test_{m}" for m in task.metric_names)]
+    if cfg.objective and cfg.objective.startswith("test_") and cfg.objective not in fields:
+        raise DistlabError(f"objective={cfg.objective} is not a result of task "
+                           f"{cfg.task.name!r}; its results: {', '.join(fields)}")
     lr = learning_rate(cfg, data.global_batch_size)
     with strategy.scope():
         model = models.build(cfg.model, data.input_shape, data.outputs)
@@ -56,11 +62,7 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
         # Build the slots now, inside the scope: a custom loop must not create them while
         # tracing, and restoring a checkpoint needs them to exist.
         optimizer.build(model.trainable_variables)
-    task = tasks.build(cfg.task, model)
-    fields = ["test_loss", *(f"test_{m}" for m in task.metric_names)]
-    if cfg.objective and cfg.objective.startswith("test_") and cfg.objective not in fields:
-        raise DistlabError(f"objective={cfg.objective} is not a result of task "
-                           f"{cfg.task.name!r}; its results: {', '.join(fields)}")
+    tasks.settle(task, model)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
     step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch,

@@ -16,6 +16,8 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
+from distlab.errors import DistlabError
+
 PerExample = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (y_true, y_pred) -> [batch]
 
 
@@ -36,11 +38,13 @@ class Task:
 
     `loss(y_true, y_pred)` returns the per-example loss. `from_logits=None` means "as the
     model outputs": distlab sets it from the model's last activation before training.
+    `labels`: "classes", "values" or "any": what the dataset's labels must be.
     """
 
     loss: PerExample
     metrics: list[Metric] = field(default_factory=list)
     from_logits: bool | None = None
+    labels: str = "any"
 
     @property
     def metric_names(self) -> list[str]:
@@ -50,7 +54,8 @@ class Task:
 def classification(cfg: DictConfig) -> Task:
     """Sparse categorical cross-entropy; accuracy and, with `top_k`, top-k accuracy."""
     task = Task(loss=lambda y, p: keras.losses.sparse_categorical_crossentropy(
-        y, p, from_logits=bool(task.from_logits)), from_logits=cfg.get("from_logits"))
+        y, p, from_logits=bool(task.from_logits)), from_logits=cfg.get("from_logits"),
+        labels="classes")
     task.metrics.append(Metric("accuracy", keras.metrics.sparse_categorical_accuracy))
     if cfg.get("top_k"):
         k = int(cfg.top_k)
@@ -70,7 +75,7 @@ def regression(cfg: DictConfig) -> Task:
     return Task(loss=squared, metrics=[
         Metric("mae", absolute, higher_is_better=False),
         Metric("rmse", squared, finalize=math.sqrt, higher_is_better=False)],
-                from_logits=False)
+                from_logits=False, labels="values")
 
 
 def _aligned(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -87,11 +92,28 @@ def outputs_probabilities(model: keras.Model) -> bool:
     return activation in (keras.activations.softmax, keras.activations.sigmoid)
 
 
-def build(cfg: DictConfig, model: keras.Model) -> Task:
-    """The task `cfg.name` names, its `from_logits` settled against `model`."""
+def check_labels(task: Task, name: str, dataset: str, classes: bool) -> None:
+    """Refuse a task whose labels the dataset does not have, in one line."""
+    if task.labels == "classes" and not classes:
+        raise DistlabError(f"task={name} needs class labels, but dataset {dataset}'s labels are "
+                           "values (float, or no num_classes): use task=regression")
+    if task.labels == "values" and classes:
+        raise DistlabError(f"task={name} needs value labels, but dataset {dataset}'s labels are "
+                           "classes: use task=classification")
+
+
+def build(cfg: DictConfig) -> Task:
+    """The task `cfg.name` names (its `from_logits` may still be None: see `settle`)."""
     from distlab.registry import TASKS
 
     task = TASKS.get(cfg.name)(cfg)
+    if not isinstance(task, Task):
+        raise DistlabError(f"task.name={cfg.name!r} returned {type(task).__name__}; a task "
+                           "builder returns distlab.tasks.Task(loss=..., metrics=[...])")
+    return task
+
+
+def settle(task: Task, model: keras.Model) -> None:
+    """`from_logits=None`: as the model outputs (softmax/sigmoid last layer, else logits)."""
     if task.from_logits is None:
         task.from_logits = not outputs_probabilities(model)
-    return task

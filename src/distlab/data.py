@@ -25,7 +25,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from omegaconf import DictConfig
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, described
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -228,10 +228,7 @@ def _num_examples(info: tfds.core.DatasetInfo, split: str, ds: tf.data.Dataset) 
             return int(n)
     except (KeyError, ValueError, TypeError):
         pass
-    n = int(ds.cardinality())
-    if n >= 0:
-        return n
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
+    return _count(ds)
 
 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
@@ -273,9 +270,9 @@ Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int, bool]
 
 def is_user_dataset(name: str) -> bool:
     """A registered dataset builder or an import path; anything else is a tfds name."""
-    from distlab.registry import DATASETS, is_import_path
+    from distlab.registry import is_tfds_name
 
-    return name in DATASETS or is_import_path(name)
+    return not is_tfds_name(name)
 
 
 def _tfds_splits(cfg: DictConfig) -> Splits:
@@ -330,7 +327,7 @@ def _user_splits(cfg: DictConfig) -> Splits:
     except DistlabError:
         raise
     except Exception as e:  # noqa: BLE001 - user code: one line naming the key
-        raise DistlabError(f"{key} failed: {type(e).__name__}: {e}".splitlines()[0]) from None
+        raise DistlabError(f"{key} failed: {described(e)}") from None
     if not isinstance(splits, DataSplits):
         raise DistlabError(f"{key} returned {type(splits).__name__}; a dataset builder "
                            "returns distlab.DataSplits(train, test, num_classes=|num_outputs=)")

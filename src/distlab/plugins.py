@@ -17,8 +17,8 @@ from importlib.metadata import entry_points
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from distlab.errors import ConfigError, DistlabError
-from distlab.registry import DATASETS, REGISTRIES, is_import_path
+from distlab.errors import ConfigError, DistlabError, described, first_line
+from distlab.registry import DATASETS, REGISTRIES, is_tfds_name
 
 ENTRY_POINT_GROUP = "distlab.plugins"
 _loaded_plugins = False
@@ -40,7 +40,7 @@ def load_plugins() -> None:
             raise DistlabError(f"plug-in entry point {ep.name} = {ep.value}: {e}") from None
         except Exception as e:  # noqa: BLE001 - any failure of user code, one line
             raise DistlabError(f"plug-in entry point {ep.name} = {ep.value} failed: "
-                               f"{_one_line(e)}; fix or uninstall that package") from None
+                               f"{described(e)}; fix or uninstall that package") from None
 
 
 def import_modules(modules: list[str]) -> None:
@@ -59,9 +59,9 @@ def import_modules(modules: list[str]) -> None:
                     f"imports[{i}]={module!r} does not import: no module named {e.name!r} "
                     "(run from the directory that holds it, or pip install its package)"
                 ) from None
-            raise ConfigError(f"imports[{i}]={module!r} raised {_one_line(e)}") from None
+            raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
         except Exception as e:  # noqa: BLE001 - user code, reported on one line
-            raise ConfigError(f"imports[{i}]={module!r} raised {_one_line(e)}") from None
+            raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
 
 
 def check(cfg: DictConfig) -> None:
@@ -73,8 +73,8 @@ def check(cfg: DictConfig) -> None:
         if node is None or node.get("name") is None:
             continue
         name = node.name
-        if registry is DATASETS and name not in DATASETS and not is_import_path(name):
-            continue  # a tfds dataset name
+        if registry is DATASETS and is_tfds_name(name):
+            continue  # checked when tfds loads it
         registry.check(name)
         schema = registry.schemas.get(name)
         if schema is not None:
@@ -99,11 +99,6 @@ def check_schema(group: str, node: DictConfig, schema: type) -> DictConfig:
     except Exception as e:  # noqa: BLE001 - OmegaConf validation errors, one line
         where = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
         raise ConfigError(f"{where} is invalid for {group} {name!r} "
-                          f"({schema.__name__}): {str(e).splitlines()[0]}") from None
+                          f"({schema.__name__}): {first_line(e)}") from None
     return OmegaConf.create({**OmegaConf.to_container(merged), "name": name})
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, described
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -26,6 +26,11 @@ class RegistryError(DistlabError):
 def is_import_path(name: str) -> bool:
     """`package.module:callable` (not a tfds name such as `mnist:3.0.1`)."""
     return bool(_IMPORT_PATH.match(name))
+
+
+def is_tfds_name(name: str) -> bool:
+    """A `dataset.name` that is neither a registered dataset builder nor an import path."""
+    return name not in DATASETS and not is_import_path(name)
 
 
 class Registry:
@@ -83,8 +88,8 @@ class Registry:
 
     def is_builtin(self, name: str) -> bool:
         """One of distlab's own names (dataset: a tfds name is distlab's too)."""
-        if self.group == "dataset":
-            return name not in self._items and not is_import_path(name)
+        if self is DATASETS:
+            return is_tfds_name(name)
         return self._origin.get(name) == "distlab"
 
     def names(self) -> list[str]:
@@ -118,8 +123,7 @@ def _locate(path: str, key: str) -> Callable:
         return get_method(f"{module}.{attr}")
     except Exception as e:  # noqa: BLE001 - Hydra wraps the import error in several lines
         cause = e.__cause__ or e.__context__ or e
-        detail = f"{type(cause).__name__}: {cause}".splitlines()[0]
-        raise RegistryError(f"{key} does not import: {detail}") from None
+        raise RegistryError(f"{key} does not import: {described(cause)}") from None
     finally:
         hydra_log.disabled = False
 

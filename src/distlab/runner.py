@@ -21,7 +21,7 @@ from distlab import data as data_lib
 from distlab import models, multi_worker, optimizers, schedules, strategies, tasks
 from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, first_line
 from distlab.loops.base import Experiment
 from distlab.preemption import Interrupted, stop_on_signals
 from distlab.registry import LOOPS
@@ -241,7 +241,7 @@ def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what
         status.assert_existing_objects_matched()
     except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as e:
         raise DistlabError(
-            f"cannot {what} checkpoint {prefix}: it is truncated or corrupt ({_first_line(e)}). "
+            f"cannot {what} checkpoint {prefix}: it is truncated or corrupt ({first_line(e)}). "
             "Point ckpt_path at an intact checkpoint (ckpt-N prefix), or move the damaged files "
             "away; nothing was deleted"
         ) from None
@@ -257,13 +257,8 @@ def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what
 
 def _mismatch(error: BaseException) -> str:
     """TF's mismatch message without the variables' values it lists."""
-    text = _first_line(error)
+    text = first_line(error)
     return text.split(": [<", 1)[0].split(". Showing", 1)[0]
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 
 def export_and_check(exp: Experiment) -> dict[str, Any]:

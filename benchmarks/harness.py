@@ -9,6 +9,7 @@ first is printed; the summary gives medians over rounds.
     python benchmarks/harness.py overhead --pairs 3              # fit tutorial, 2 epochs
     python benchmarks/harness.py overhead --workload custom_fashion --pairs 3
     python benchmarks/harness.py tuned --pairs 2                 # 12-epoch tutorial vs tuned
+    python benchmarks/harness.py fast --pairs 3                  # tutorial script vs mnist_fast
     python benchmarks/harness.py reference                       # the two reference tables
     python benchmarks/harness.py scan-steps-per-loop --values 1,10,50,200
     python benchmarks/harness.py scan-steps-per-execution --values 1,10,50 --strategy default
@@ -322,10 +323,9 @@ CUSTOM_BASELINE = str(BENCH / "baseline_custom_fashion.py")
 def overhead_variants(a: argparse.Namespace) -> list[Variant]:
     e = a.epochs
     if a.workload == "keras_mnist":
-        # distlab validates on the test split every epoch (trainer.validate_every=1), so
-        # the equivalent script does too; trainer.export=false <-> no --export.
+        # like the tutorial, neither validates during fit; trainer.export=false <-> no --export
         return [Variant("script", "script", [KERAS_BASELINE, "--epochs", str(e),
-                                             "--validate-every", "1", "--verbose", "2"]),
+                                             "--verbose", "2"]),
                 Variant("distlab", "distlab", ["experiment=tutorial_keras_mnist",
                                                f"trainer.epochs={e}", "trainer.export=false",
                                                QUIET])]
@@ -342,6 +342,14 @@ def tuned_variants(a: argparse.Namespace) -> list[Variant]:
                     [KERAS_BASELINE, "--epochs", str(a.epochs), "--export", "--verbose", "2"]),
             Variant("distlab tuned", "distlab", ["experiment=tutorial_keras_mnist_tuned",
                                                  f"trainer.epochs={a.epochs}", *a.extra])]
+
+
+def fast_variants(a: argparse.Namespace) -> list[Variant]:
+    # the tutorial script at its full 12 epochs, without export (its cheapest form), against
+    # the time-to-accuracy preset (no export either)
+    return [Variant("script (tutorial, 12 epochs)", "script",
+                    [KERAS_BASELINE, "--epochs", "12", "--verbose", "2"]),
+            Variant("distlab mnist_fast", "distlab", ["experiment=mnist_fast", QUIET, *a.extra])]
 
 
 def reference_variants(a: argparse.Namespace) -> list[Variant]:
@@ -466,6 +474,10 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--epochs", type=int, default=12)
     s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
 
+    s = sub.add_parser("fast", help="the 12-epoch tutorial script vs experiment=mnist_fast")
+    s.add_argument("--pairs", type=int, default=3)
+    s.add_argument("extra", nargs="*", help="extra overrides for the mnist_fast run")
+
     s = sub.add_parser("reference", help="the two reference presets, full length")
     s.add_argument("--rounds", type=int, default=1)
 
@@ -537,6 +549,9 @@ def main(argv: list[str] | None = None) -> None:
     elif a.command == "tuned":
         variants, rounds = tuned_variants(a), a.pairs
         title = f"Tuned preset vs the hand-written tutorial script, {a.epochs} epochs"
+    elif a.command == "fast":
+        variants, rounds = fast_variants(a), a.pairs
+        title = "Time to accuracy: experiment=mnist_fast vs the 12-epoch tutorial script"
     elif a.command == "reference":
         variants, rounds = reference_variants(a), a.rounds
         title = "Reference workloads (full length)"

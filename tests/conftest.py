@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# the on-disk data cache (dataset.disk_cache) of this test session, not the user's
+_CACHE = tempfile.TemporaryDirectory(prefix="distlab-test-cache-")
+os.environ["DISTLAB_CACHE_DIR"] = _CACHE.name
 
 from distlab.config import register_configs  # noqa: E402
 

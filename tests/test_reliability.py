@@ -49,13 +49,17 @@ def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
             f"hydra.run.dir={run_dir}", *extra]
 
 
-@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_sigkill_then_rerun_resumes_exactly(loop, tiny_data_dir, tmp_path):
+@pytest.mark.parametrize("loop,option", [("keras_fit", "trainer.grad_accum_steps=4"),
+                                         ("custom", "precision=mixed_bfloat16")])
+def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_path):
     # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch; dropout
-    # (its RNG state is checkpointed), batch norm and seeded augmentation must resume exactly
+    # (its RNG state is checkpointed), batch norm and seeded augmentation must resume exactly,
+    # and so must gradient accumulation (150 steps: epoch 1 ends mid-accumulation), mixed
+    # precision and the best checkpoint (its state is in the checkpoint)
     extra = ("trainer.steps_per_epoch=150", "model=mlp", "model.hidden_units=[32]",
              "model.dropout=0.3", "model.batch_norm=true", "dataset.augment.crop_padding=2",
-             "dataset.augment.flip=horizontal")
+             "dataset.augment.flip=horizontal", "trainer.best_checkpoint.metric=val_loss",
+             option)
     a, c = tmp_path / "a", tmp_path / "c"
     assert run_cli(*_args(tiny_data_dir, loop, a, *extra)).returncode == 0
     uninterrupted = _results(a)
@@ -77,6 +81,16 @@ def test_sigkill_then_rerun_resumes_exactly(loop, tiny_data_dir, tmp_path):
                    (run_dir / "history.csv").read_text().splitlines()[1:]]
         assert history == [1, 2, 3]
         assert "resuming from" in (run_dir / "run.log").read_text()
+        for key in ("best_value", "best_epoch"):
+            assert resumed[key] == pytest.approx(uninterrupted[key], abs=1e-6), key
+    # the best checkpoint evaluates to the val_loss recorded for it
+    best = run_cli(*fast_overrides(tiny_data_dir), "mode=evaluate", f"loop={loop}", option,
+                   *extra[1:-2], f"ckpt_path={c}/checkpoints/best",
+                   f"hydra.run.dir={tmp_path / 'best'}")
+    assert best.returncode == 0, best.stderr[-3000:]
+    evaluated = _results(tmp_path / "best")
+    assert evaluated["test_loss"] == pytest.approx(resumed["best_value"], abs=1e-6)
+    assert evaluated["trained"]["epochs_completed"] == 3  # the run's record, best is epoch N
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])

@@ -111,7 +111,7 @@ def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_
     assert maximize is False
     SweepSummary().summarise(tmp_path, maximize=maximize)
     rows = _summary(tmp_path)
-    assert list(rows[0])[7:10] == ["test_mae", "test_rmse", "test_loss"]
+    assert list(rows[0])[len(LEADING):len(LEADING) + 3] == ["test_mae", "test_rmse", "test_loss"]
     md = (tmp_path / "summary.md").read_text()
     assert "Best test_mae (min): 0.5 in job 1" in md and "test mae" in md
     _assert_png(tmp_path / "summary.png")

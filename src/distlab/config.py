@@ -63,7 +63,9 @@ class DatasetConfig:
     test_split: str = "test"
     batch_size_per_replica: int = 64
     shuffle_buffer: int = 10000
-    cache: bool = True
+    cache: bool = True  # keep the preprocessed splits in memory after the first pass
+    disk_cache: bool = True  # decoded, preprocessed tfds splits on disk, shared across runs
+    cache_dir: str | None = None  # null: $DISTLAB_CACHE_DIR, else ~/.cache/distlab
     data_dir: str | None = None  # null: tfds' default, which honours TFDS_DATA_DIR
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
@@ -207,6 +209,39 @@ class CustomLoopConfig(LoopConfig):
 
 
 @dataclass
+class ThroughputConfig:
+    """What the steady-state examples/sec leaves out (results.json, sweep summary)."""
+
+    warmup_epochs: int = 1  # each process's first N epochs (trace, decode, cache fill)
+    warmup_steps: int | None = None  # instead: each process's first N steps (then windows)
+    windows: int = 5  # runs with < 2 steady epochs: the spread over this many step windows
+
+
+@dataclass
+class TargetConfig:
+    """Time-to-accuracy: the first epoch whose `metric` reaches `value`."""
+
+    metric: str | None = None  # a history.csv column: val_accuracy, accuracy...; null: off
+    value: float | None = None
+    mode: str = "auto"  # max: reached at >= value; min: at <= value; auto: by the metric
+    stop: bool = False  # end training at the epoch that reaches it
+
+
+@dataclass
+class EarlyStoppingConfig:
+    metric: str | None = None  # a history.csv column; null: off
+    patience: int = 3  # epochs without an improvement of more than min_delta, then stop
+    min_delta: float = 0.0
+    mode: str = "auto"  # max | min | auto (by the metric)
+
+
+@dataclass
+class BestCheckpointConfig:
+    metric: str | None = None  # null: trainer.early_stopping.metric (if set), else none kept
+    mode: str = "auto"  # max | min | auto (by the metric)
+
+
+@dataclass
 class TrainerConfig:
     epochs: int = 12
     steps_per_epoch: int | None = None  # null: one full pass over the train split
@@ -214,6 +249,12 @@ class TrainerConfig:
     checkpoint_every: int = 1  # epochs
     max_checkpoints: int = 3
     export: bool = True  # SavedModel to saved_model/, reloaded and checked
+    grad_accum_steps: int = 1  # micro-batches per optimizer update (effective batch x N)
+    throughput: ThroughputConfig = field(default_factory=ThroughputConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    best_checkpoint: BestCheckpointConfig = field(default_factory=BestCheckpointConfig)
+    profile_steps: list[int] | None = None  # [first, last] steps (1-based) traced into logs/
 
 
 @dataclass
@@ -229,6 +270,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = 42
     deterministic: bool = False
+    precision: str = "float32"  # float32 | mixed_float16 | mixed_bfloat16 (Keras dtype policy)
     mode: str = "train"  # train | evaluate
     ckpt_path: str | None = None
     objective: str | None = None  # results.json field for sweepers; null: the task's first metric
@@ -274,7 +316,10 @@ Check = tuple[str, Callable[[Any], bool], str]
 
 # numeric results.json fields a run writes, which `objective` may name for sweepers
 OBJECTIVES = ("test_accuracy", "test_loss", "train_examples_per_sec", "wall_time_s",
-              "time_to_first_step_s", "epochs_completed")
+              "time_to_first_step_s", "epochs_completed", "time_to_target_s",
+              "epochs_to_target", "best_value")
+MODES = (lambda v: v in ("auto", "max", "min"), "must be one of auto, max, min")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
@@ -285,6 +330,18 @@ CHECKS: list[Check] = [
     ("trainer.validate_every", *_NON_NEGATIVE),
     ("trainer.checkpoint_every", *_POSITIVE),
     ("trainer.max_checkpoints", *_POSITIVE),
+    ("trainer.grad_accum_steps", *_POSITIVE),
+    ("trainer.throughput.warmup_epochs", *_NON_NEGATIVE),
+    ("trainer.throughput.warmup_steps", *_NON_NEGATIVE),
+    ("trainer.throughput.windows", *_POSITIVE),
+    ("trainer.target.mode", *MODES),
+    ("trainer.early_stopping.mode", *MODES),
+    ("trainer.early_stopping.patience", *_POSITIVE),
+    ("trainer.early_stopping.min_delta", *_NON_NEGATIVE),
+    ("trainer.best_checkpoint.mode", *MODES),
+    ("trainer.profile_steps", lambda v: len(v) == 2 and 1 <= v[0] <= v[1],
+     "must be [first, last] steps with 1 <= first <= last, e.g. [10, 20]"),
+    ("precision", lambda v: v in PRECISIONS, "must be one of " + ", ".join(PRECISIONS)),
     ("dataset.batch_size_per_replica", *_POSITIVE),
     ("dataset.shuffle_buffer", *_NON_NEGATIVE),
     ("dataset.preprocess.rescale", *_POSITIVE),
@@ -362,6 +419,11 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.loop.jit_compile and (OmegaConf.select(cfg, "strategy.cpu_devices") or 1) > 1:
         raise ConfigError(JIT_ON_LOGICAL_CPUS)
+    target = cfg.trainer.target
+    if (target.metric is None) != (target.value is None):
+        raise ConfigError("trainer.target needs both metric and value (e.g. "
+                          "trainer.target.metric=val_accuracy trainer.target.value=0.99), or "
+                          "neither")
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
 
@@ -392,7 +454,10 @@ RERUN_NEUTRAL_KEYS = {
     "trainer.epochs", "trainer.export", "trainer.max_checkpoints", "trainer.validate_every",
     "trainer.checkpoint_every", "loop.verbose", "loop.steps_per_loop",
     "loop.steps_per_execution", "loop.jit_compile", "objective", "mode", "ckpt_path",
-    "dataset.data_dir", "dataset.cache", "strategy.connect_timeout_s",
+    "dataset.data_dir", "dataset.cache", "dataset.disk_cache", "dataset.cache_dir",
+    "strategy.connect_timeout_s", "trainer.profile_steps", "trainer.throughput.warmup_epochs",
+    "trainer.throughput.warmup_steps", "trainer.throughput.windows", "trainer.target.metric",
+    "trainer.target.value", "trainer.target.mode", "trainer.target.stop",
 }
 
 

@@ -23,8 +23,9 @@ from urllib.parse import urlparse
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from distlab import data_cache
 from distlab.errors import DistlabError, described
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def distribute(strategy: tf.distribute.Strategy,
     over its real examples, as single-device training does. Weight > 0 marks a real row
     for metrics. Every worker reads the same stream and keeps its own replicas' rows.
     """
-    if _is_default(strategy):  # one replica, no distribution: the plain dataset
+    if is_default(strategy):  # one replica, no distribution: the plain dataset
         return dataset.map(_whole_batch, num_parallel_calls=AUTOTUNE)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -149,7 +150,7 @@ def _whole_batch(features, labels):
 _DEFAULT_STRATEGY = type(tf.distribute.get_strategy())  # imported outside any scope
 
 
-def _is_default(strategy: tf.distribute.Strategy) -> bool:
+def is_default(strategy: tf.distribute.Strategy) -> bool:
     return type(strategy) is _DEFAULT_STRATEGY
 
 
@@ -233,14 +234,21 @@ def _num_examples(info: tfds.core.DatasetInfo, split: str, ds: tf.data.Dataset) 
 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
-    splits = _user_splits(cfg) if is_user_dataset(cfg.name) else _tfds_splits(cfg)
-    raw_train, raw_test, num_train, num_test, outputs, classes = splits
+    user = is_user_dataset(cfg.name)
+    splits = _user_splits(cfg) if user else _tfds_splits(cfg)
+    raw_train, raw_test, num_train, num_test, outputs, classes, source = splits
     raw_input = raw_train.element_spec[0]
     preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
 
     train = raw_train.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
     test = raw_test.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
+    if cfg.disk_cache and source is not None:  # tfds only: a user's data has no version
+        root = data_cache.cache_root(cfg.cache_dir)
+        inputs = {**source, "preprocess": OmegaConf.to_container(cfg.preprocess)}
+        train, test = (data_cache.cached(ds, root, data_cache.entry_name(
+            f"{cfg.name}-{split}", {**inputs, "split": split}))
+            for ds, split in ((train, cfg.train_split), (test, cfg.test_split)))
     if cfg.cache:
         train, test = train.cache(), test.cache()
     steps = steps_per_epoch or math.ceil(num_train / gb)
@@ -264,8 +272,9 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     )
 
 
-# train, test, their sizes, outputs, whether the labels are classes
-Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int, bool]
+# train, test, their sizes, outputs, whether the labels are classes, and (tfds) what the
+# data depends on, for the disk cache's key
+Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int, bool, dict | None]
 
 
 def is_user_dataset(name: str) -> bool:
@@ -313,7 +322,10 @@ def _tfds_splits(cfg: DictConfig) -> Splits:
         outputs = int(label.num_classes)
     else:
         outputs = max(1, math.prod(label.shape or ()))
-    return train, test, num_train, num_test, outputs, isinstance(label, tfds.features.ClassLabel)
+    source = {"dataset": cfg.name, "version": str(info.version), "features": [x, y],
+              "files": data_cache.files_signature(builder.data_dir)}
+    return (train, test, num_train, num_test, outputs,
+            isinstance(label, tfds.features.ClassLabel), source)
 
 
 def _user_splits(cfg: DictConfig) -> Splits:
@@ -341,7 +353,8 @@ def _user_splits(cfg: DictConfig) -> Splits:
         outputs = int(splits.num_classes)
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
-    return train, test, _count(train), _count(test), outputs, splits.num_classes is not None
+    return (train, test, _count(train), _count(test), outputs, splits.num_classes is not None,
+            None)
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:

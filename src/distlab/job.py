@@ -139,7 +139,8 @@ def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:
 def _already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
     return bool(previous and cfg.mode == "train" and previous.get("mode") == "train"
                 and previous.get("status") == "completed"
-                and previous.get("epochs_completed", 0) >= cfg.trainer.epochs)
+                and (previous.get("epochs_completed", 0) >= cfg.trainer.epochs
+                     or bool(previous.get("stopped_early"))))
 
 
 def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") -> str | None:

@@ -32,7 +32,7 @@ def cnn(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Mo
     for units in cfg.dense_units:
         layers.append(keras.layers.Dense(units, activation="relu", kernel_regularizer=reg))
     layers.append(keras.layers.Dense(outputs, activation=cfg.output_activation,
-                                     kernel_regularizer=reg))
+                                     kernel_regularizer=reg, dtype="float32"))
     return keras.Sequential(layers, name="cnn")
 
 
@@ -60,7 +60,7 @@ def mlp(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Mo
         if dropout > 0:
             layers.append(keras.layers.Dropout(dropout))
     layers.append(keras.layers.Dense(outputs, activation=cfg.output_activation,
-                                     kernel_regularizer=reg))
+                                     kernel_regularizer=reg, dtype="float32"))
     return keras.Sequential(layers, name="mlp")
 
 
@@ -101,7 +101,7 @@ def resnet(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras
             x = keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
     x = keras.layers.GlobalAveragePooling2D()(x)
     out = keras.layers.Dense(outputs, activation=cfg.output_activation,
-                             kernel_regularizer=reg)(x)
+                             kernel_regularizer=reg, dtype="float32")(x)
     return keras.Model(inputs, out, name=f"resnet{depth}")
 
 
@@ -152,5 +152,21 @@ def _one_line(e: Exception) -> str:
 
 
 def build(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Model:
-    """The model `cfg.name` names (registered, or an import path); call inside the scope."""
-    return MODELS.get(cfg.name)(cfg, input_shape, outputs)
+    """The model `cfg.name` names (registered, or an import path); call inside the scope.
+
+    Under a mixed dtype policy (`precision`) its outputs are float32: distlab's builders
+    give their last layer a float32 dtype; any other model whose outputs are not float32
+    gets a float32 cast layer after them (Keras' mixed-precision guide)."""
+    model = MODELS.get(cfg.name)(cfg, input_shape, outputs)
+    return float32_outputs(model)
+
+
+def float32_outputs(model: keras.Model) -> keras.Model:
+    """`model`, or (mixed precision, lower-precision outputs) `model` then a float32 cast."""
+    outputs = getattr(model, "outputs", None)
+    if not outputs or all(keras.backend.standardize_dtype(o.dtype) == "float32"
+                          for o in outputs):
+        return model  # float32 already, or a subclassed model (its losses cast to float32)
+    cast = [keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
+            for i, o in enumerate(outputs)]
+    return keras.Model(model.inputs, cast[0] if len(cast) == 1 else cast, name=model.name)

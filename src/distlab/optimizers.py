@@ -7,6 +7,8 @@ import math
 import keras
 from omegaconf import DictConfig
 
+from distlab import grad_accumulation
+from distlab.loss_scaling import LossScaleOptimizer
 from distlab.registry import OPTIMIZERS  # lists the builders here by import path
 
 
@@ -35,6 +37,17 @@ def sgd(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
 def rmsprop(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
     return keras.optimizers.RMSprop(learning_rate, rho=cfg.rho, momentum=cfg.momentum,
                                     epsilon=cfg.epsilon, **_common(cfg))
+
+
+def with_training_options(optimizer: keras.optimizers.Optimizer, grad_accum_steps: int,
+                          loss_scaling: bool, distributed: bool) -> keras.optimizers.Optimizer:
+    """`optimizer` updating every `grad_accum_steps` batches with their mean gradient
+    (distlab.grad_accumulation), wrapped in a LossScaleOptimizer for float16."""
+    if grad_accum_steps > 1:
+        optimizer = grad_accumulation.accumulate(optimizer, grad_accum_steps, distributed)
+    if loss_scaling and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = LossScaleOptimizer(optimizer)
+    return optimizer
 
 
 def build(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:

@@ -46,6 +46,7 @@ class RunDir:
         self._lock_fd: int | None = None
 
     checkpoints = property(lambda self: self.path / "checkpoints")
+    best_checkpoints = property(lambda self: self.path / "checkpoints" / "best")
     logs = property(lambda self: self.path / "logs")
     history_csv = property(lambda self: self.path / "history.csv")
     results_json = property(lambda self: self.path / "results.json")

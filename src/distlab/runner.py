@@ -23,12 +23,16 @@ from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError, first_line
 from distlab.loops.base import Experiment
+from distlab.monitors import Monitors, process_started
 from distlab.preemption import Interrupted, stop_on_signals
 from distlab.registry import LOOPS
-from distlab.run_dir import RunDir, find_checkpoint
+from distlab.run_dir import RunDir, find_checkpoint, history_columns
 
 log = logging.getLogger("distlab")
-EXPORT_ATOL = 1e-4
+# how far the reloaded SavedModel may be from the trained model, relative to the largest
+# output: the two graphs round differently, in the precision they compute in
+EXPORT_RTOL = {"float32": 1e-4, "mixed_float16": 2e-3, "mixed_bfloat16": 2e-2}
+_JOBS_STARTED = 0  # jobs this process has run (an in-process sweep runs several)
 for _noisy in ("absl", "tensorflow"):  # tfds file listings, per-trace all-reduce notes
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 # tf.data says this whenever a distributed dataset reads its options inside a tf.function
@@ -36,9 +40,11 @@ warnings.filterwarnings("ignore", message="To make it possible to preserve tf.da
                         category=UserWarning)
 
 
-def reset_state(seed: int, deterministic: bool) -> None:
-    """Fresh Keras state and seeds, so in-process sweep jobs do not leak into each other."""
+def reset_state(seed: int, deterministic: bool, precision: str = "float32") -> None:
+    """Fresh Keras state, dtype policy and seeds, so in-process sweep jobs do not leak into
+    each other."""
     keras.backend.clear_session()
+    keras.mixed_precision.set_dtype_policy(precision)
     keras.utils.set_random_seed(seed)
     if deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -54,25 +60,33 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
     if cfg.objective and cfg.objective.startswith("test_") and cfg.objective not in fields:
         raise DistlabError(f"objective={cfg.objective} is not a result of task "
                            f"{cfg.task.name!r}; its results: {', '.join(fields)}")
-    lr = learning_rate(cfg, data.global_batch_size)
+    lr = learning_rate(cfg, effective_batch_size(cfg, data.global_batch_size))
     with strategy.scope():
         model = models.build(cfg.model, data.input_shape, data.outputs)
         schedule = schedules.build(cfg.schedule, lr, data.steps_per_epoch, cfg.trainer.epochs)
-        optimizer = optimizers.build(cfg.optimizer, schedule)
+        optimizer = optimizers.with_training_options(
+            optimizers.build(cfg.optimizer, schedule), cfg.trainer.grad_accum_steps,
+            loss_scaling=cfg.precision == "mixed_float16",
+            distributed=not data_lib.is_default(strategy))
         # Build the slots now, inside the scope: a custom loop must not create them while
         # tracing, and restoring a checkpoint needs them to exist.
         optimizer.build(model.trainable_variables)
     tasks.settle(task, model)
+    monitors = Monitors(cfg.trainer, task, history_columns(task.metric_names))
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
     step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch,
-                                     step_in_epoch=step_in_epoch, **rng_states(model))
+                                     step_in_epoch=step_in_epoch, **monitors.state,
+                                     **rng_states(model))
     manager = tf.train.CheckpointManager(checkpoint, str(run_dir.checkpoints),
                                          max_to_keep=cfg.trainer.max_checkpoints)
+    best = (tf.train.CheckpointManager(checkpoint, str(run_dir.best_checkpoints), max_to_keep=1)
+            if monitors.best else None)
     return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
                       schedule=schedule, task=task,
                       run_dir=run_dir, checkpoint=checkpoint, manager=manager, epoch=epoch,
-                      step_in_epoch=step_in_epoch, started=started)
+                      step_in_epoch=step_in_epoch, monitors=monitors, best_manager=best,
+                      started=started)
 
 
 def rng_states(model: keras.Model) -> dict[str, list]:
@@ -83,7 +97,14 @@ def rng_states(model: keras.Model) -> dict[str, list]:
     return {"seed_states": states} if states else {}
 
 
+def effective_batch_size(cfg: DictConfig, global_batch_size: int) -> int:
+    """Examples per optimizer update: the global batch x trainer.grad_accum_steps."""
+    return global_batch_size * cfg.trainer.grad_accum_steps
+
+
 def learning_rate(cfg: DictConfig, global_batch_size: int) -> float:
+    """The base learning rate after the batch-size scaling rule (`global_batch_size` is the
+    effective batch: examples per update)."""
     opt = cfg.optimizer
     return optimizers.scaled_learning_rate(opt.learning_rate, opt.lr_scaling, global_batch_size,
                                            opt.base_batch_size)
@@ -105,9 +126,14 @@ def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy |
     strategy = strategy or connect(cfg)
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
-    reset_state(cfg.seed, cfg.deterministic)
+    reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     exp = build_experiment(cfg, run_dir, strategy, started)
     exp.worker = task
+    global _JOBS_STARTED
+    # time-to-target counts from the process start; a later job of an in-process sweep
+    # counts from its own start
+    exp.origin = process_started() if not _JOBS_STARTED else started
+    _JOBS_STARTED += 1
     try:
         return _evaluate(exp) if cfg.mode == "evaluate" else _train(exp)
     except multi_worker.PEER_ERRORS as e:
@@ -126,7 +152,10 @@ def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
         "num_replicas": exp.strategy.num_replicas_in_sync,
         "batch_size_per_replica": cfg.dataset.batch_size_per_replica,
         "global_batch_size": data.global_batch_size,
-        "learning_rate": learning_rate(cfg, data.global_batch_size),
+        "grad_accum_steps": cfg.trainer.grad_accum_steps,
+        "effective_batch_size": effective_batch_size(cfg, data.global_batch_size),
+        "precision": cfg.precision,
+        "learning_rate": learning_rate(cfg, effective_batch_size(cfg, data.global_batch_size)),
         "dataset": data.name,
         "steps_per_epoch": data.steps_per_epoch,
         "epochs_completed": int(exp.epoch.numpy()),
@@ -148,20 +177,27 @@ def _train(exp: Experiment) -> dict[str, Any]:
                 exp, Path(scratch), save=loop.controller.save_here,
                 stop=loop.controller.preempted)
         try:
-            loop.train(initial_epoch, skip_steps)
+            if exp.monitors.stopped:
+                log.info("training ended early at epoch %d; not training further",
+                         int(exp.epoch.numpy()))
+            else:
+                loop.train(initial_epoch, skip_steps)
         except Interrupted:
             exp.run_dir.write_results(_results(
                 exp, status="interrupted", steps_in_epoch=int(exp.step_in_epoch.numpy()),
                 checkpoint=exp.manager.latest_checkpoint))
             raise
+        finally:
+            loop.controller.close()
     test = loop.evaluate()
     log.info(_figures(test))
     export = export_and_check(exp) if exp.cfg.trainer.export else {}
     first = loop.controller.first_step_at
     return _results(
         exp, **test,
-        train_examples_per_sec=loop.controller.train_examples_per_sec(),
+        **loop.controller.throughput(),
         time_to_first_step_s=(first - exp.started) if first else None,
+        **exp.monitors.results(exp.origin),
         checkpoint=exp.manager.latest_checkpoint,
         **export,
     )
@@ -201,7 +237,10 @@ TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",
 def trained_with(prefix: str) -> dict[str, Any] | None:
     """How the checkpoint was trained, from its run dir's results.json (None if not there).
     In an evaluation's results.json the top-level batch fields are the evaluation's own."""
-    trained = RunDir(Path(prefix).parent.parent).read_results()
+    run_dir = Path(prefix).parent.parent  # <run dir>/checkpoints/ckpt-N
+    if run_dir.name == "checkpoints":  # <run dir>/checkpoints/best/ckpt-N
+        run_dir = run_dir.parent
+    trained = RunDir(run_dir).read_results()
     return {k: trained.get(k) for k in TRAINED_FIELDS} if trained else None
 
 
@@ -294,10 +333,11 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
                                - expected)))
     diff = float(max(diffs))
     scale = max(1.0, float(np.max(np.abs(expected))))  # outputs can be large early in training
-    if diff > EXPORT_ATOL * scale:
+    tolerance = EXPORT_RTOL.get(exp.cfg.precision, EXPORT_RTOL["float32"])
+    if diff > tolerance * scale:
         raise DistlabError(f"the exported SavedModel in {path} predicts differently from the "
-                           f"trained model (max abs diff {diff:.3g} > {EXPORT_ATOL} x "
-                           f"{scale:.3g}, the largest output)")
+                           f"trained model (max abs diff {diff:.3g} > {tolerance} x "
+                           f"{scale:.3g}, the largest output, for precision={exp.cfg.precision})")
     log.info("exported %s: serving_default takes raw %s inputs %s (reloaded with and without "
              "the strategy, max abs diff %.2g)", path, data.raw_input.dtype.name,
              tuple(data.raw_input.shape), diff)

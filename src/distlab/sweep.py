@@ -4,10 +4,12 @@ When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
 `results.json` and writes into the sweep dir:
 
     summary.csv   one row per job (job, overrides, status, batch sizes, effective learning
-                  rate, test metrics, examples/sec, wall time, error), plus one column per
-                  swept key
+                  rate, test metrics, steady examples/sec with its spread and per replica,
+                  scaling efficiency, time to target, wall time, error), plus one column
+                  per swept key
     summary.md    the same as a Markdown table
-    summary.png   test accuracy and examples/sec against the swept value(s)
+    summary.png   the objective, examples/sec (error bars) and time to target against the
+                  swept value(s)
     events.out.tfevents.*.hparams (and one in each <job>/logs/)   TensorBoard HParams,
                   so `tensorboard --logdir <sweep dir>` compares the jobs
 
@@ -34,8 +36,13 @@ from distlab.run_dir import RunDir
 log = logging.getLogger(__name__)
 
 LEADING = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
-           "num_replicas", "learning_rate"]
-TRAILING = ["train_examples_per_sec", "wall_time_s", "error"]
+           "effective_batch_size", "num_replicas", "learning_rate"]
+# steady-state examples/sec (warm-up left out) with its spread, per replica, and against
+# the 1-replica job (scaling_efficiency, when the sweep varies the replica count)
+THROUGHPUT = ["train_examples_per_sec", "train_examples_per_sec_std",
+              "train_examples_per_sec_per_replica", "scaling_efficiency"]
+TARGET = ["time_to_target_s", "epochs_to_target"]
+TRAILING = [*THROUGHPUT, *TARGET, "wall_time_s", "error"]
 CLASSIFICATION = ["test_accuracy", "test_loss"]  # the test fields when no job reported any
 
 
@@ -54,8 +61,33 @@ def columns(jobs: Sequence[Job]) -> list[str]:
 
 
 def metrics(jobs: Sequence[Job]) -> list[str]:
-    """Numeric per-job figures: the task's test fields, throughput and wall time."""
-    return test_fields(jobs) + ["train_examples_per_sec", "wall_time_s"]
+    """Numeric per-job figures: the task's test fields, throughput, time to target (when a
+    job has one) and wall time."""
+    return (test_fields(jobs) + ["train_examples_per_sec"]
+            + ["time_to_target_s"] * has_target(jobs) + ["wall_time_s"])
+
+
+def has_target(jobs: Sequence[Job]) -> bool:
+    return any("time_to_target_s" in j.results for j in jobs)
+
+
+def scaling_efficiency(jobs: Sequence[Job], swept: Sequence[str]) -> dict[int, float]:
+    """{job number: steady examples/sec / (replicas x the matching 1-replica job's)} when the
+    sweep varies the replica count. The matching job has the same swept values apart from
+    the strategy's keys (which set the replica count)."""
+    done = [j for j in jobs if not j.failed and _finite(j.results.get("train_examples_per_sec"))]
+    if len({j.results.get("num_replicas") for j in done}) < 2:
+        return {}
+    others = [k for k in swept if not k.startswith("strategy")]
+
+    def key(job: Job) -> tuple:
+        return tuple(job.override(k) for k in others)
+
+    single = {key(j): j.results["train_examples_per_sec"] for j in done
+              if j.results.get("num_replicas") == 1}
+    return {j.num: j.results["train_examples_per_sec"] / (j.results["num_replicas"]
+                                                          * single[key(j)])
+            for j in done if key(j) in single and j.results.get("num_replicas")}
 HPARAMS_SUFFIX = ".hparams"  # our event files; rewritten, never appended, by a re-run
 MAX_PLOTTED_KEYS = 4
 
@@ -156,10 +188,11 @@ def parse_value(text: str | None) -> bool | int | float | str | None:
 def rows(jobs: Sequence[Job], swept: Sequence[str]) -> list[dict[str, Any]]:
     """One summary row per job: `columns(jobs)`, then one column per swept key."""
     table = []
+    efficiency = scaling_efficiency(jobs, swept)
     for job in jobs:
         row: dict[str, Any] = {key: job.results.get(key) for key in columns(jobs)}
         row.update(job=job.num, overrides=" ".join(job.overrides), status=job.status,
-                   error=job.error)
+                   error=job.error, scaling_efficiency=efficiency.get(job.num))
         row.update({key: job.override(key) for key in swept})
         table.append(row)
     return table
@@ -193,17 +226,30 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
     common = common_overrides(jobs, swept)
     if common:
         lines.append("Common overrides: " + " ".join(f"`{o}`" for o in common))
+    lines.append("examples/sec is the steady state (each process's warm-up left out; "
+                 "trainer.throughput), ± its standard deviation across epochs or step windows.")
     fields = test_fields(jobs)
-    headers = ["job", "overrides", "status", "batch/replica", "global batch", "replicas",
-               "learning rate (effective)", *(f.replace("_", " ") for f in fields),
-               "examples/sec", "wall time (s)", "error"]
+    efficiency = scaling_efficiency(jobs, swept)
+    target = has_target(jobs)
+    headers = ["job", "overrides", "status", "batch/replica", "global batch",
+               "effective batch", "replicas", "learning rate (effective)",
+               *(f.replace("_", " ") for f in fields), "examples/sec", "per replica",
+               *(["scaling efficiency"] if efficiency else []),
+               *(["time to target (s)", "epochs to target"] if target else []),
+               "wall time (s)", "error"]
     lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for job in jobs:
         r = job.results
+        rate, std = r.get("train_examples_per_sec"), r.get("train_examples_per_sec_std")
         cells = [job.num, " ".join(_swept_overrides(job, swept)), job.status,
                  r.get("batch_size_per_replica"), r.get("global_batch_size"),
-                 r.get("num_replicas"), r.get("learning_rate"), *(r.get(f) for f in fields),
-                 r.get("train_examples_per_sec"), r.get("wall_time_s"), job.error]
+                 r.get("effective_batch_size"), r.get("num_replicas"), r.get("learning_rate"),
+                 *(r.get(f) for f in fields),
+                 f"{_cell(rate)} ± {_cell(std)}" if _finite(std) else rate,
+                 r.get("train_examples_per_sec_per_replica"),
+                 *([efficiency.get(job.num)] if efficiency else []),
+                 *([r.get("time_to_target_s"), r.get("epochs_to_target")] if target else []),
+                 r.get("wall_time_s"), job.error]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -230,16 +276,20 @@ def _finite(value: Any) -> bool:
 
 def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str], objective: str = "") -> None:
     """summary.png: one row per swept key (or the job number), the objective (else the task's
-    primary test metric) and examples/sec against it. Uses matplotlib's object API (no
-    pyplot, no GUI backend)."""
+    primary test metric), steady examples/sec with error bars (its spread) and, when jobs
+    have a target, time to target against it. Uses matplotlib's object API (no pyplot, no
+    GUI backend)."""
     score = objective or test_fields(jobs)[0]
-    plotted = [(score, score.replace("_", " ")), ("train_examples_per_sec", "examples/sec")]
+    plotted = [(score, score.replace("_", " ")),
+               ("train_examples_per_sec", "examples/sec (steady, ± std)")]
+    if has_target(jobs):
+        plotted.append(("time_to_target_s", "time to target (s)"))
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     keys = list(swept[:MAX_PLOTTED_KEYS]) or ["job"]
     done = [j for j in jobs if not j.failed]
-    fig = Figure(figsize=(10, 3.4 * len(keys)), layout="constrained")
+    fig = Figure(figsize=(5 * len(plotted), 3.4 * len(keys)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(keys), len(plotted), squeeze=False)
     for row, key in zip(axes, keys, strict=True):
@@ -248,11 +298,14 @@ def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str], objective: str =
         categories = [] if numeric else sorted({str(x) for x in xs})
         positions = xs if numeric else [categories.index(str(x)) for x in xs]
         for ax, (metric, label) in zip(row, plotted, strict=True):
-            points = sorted((x, j.results[metric]) for x, j in zip(positions, done, strict=True)
-                            if _finite(j.results.get(metric)))
-            ax.plot([x for x, _ in points], [y for _, y in points],
-                    "o-" if len(keys) == 1 else "o", color="tab:blue")
-            for x, y in points:
+            points = sorted([(x, j.results[metric], j.results.get(f"{metric}_std"))
+                             for x, j in zip(positions, done, strict=True)
+                             if _finite(j.results.get(metric))], key=lambda p: p[:2])
+            errors = [e if _finite(e) else 0.0 for _, _, e in points]
+            ax.errorbar([x for x, _, _ in points], [y for _, y, _ in points],
+                        yerr=errors if any(errors) else None,
+                        fmt="o-" if len(keys) == 1 else "o", color="tab:blue", capsize=4)
+            for x, y, _ in points:
                 ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 6),
                             ha="center", fontsize=8)
             ticks = sorted(set(xs)) if numeric else []

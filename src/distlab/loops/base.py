@@ -21,9 +21,11 @@ from omegaconf import DictConfig
 from distlab.cluster import Task as Worker
 from distlab.data import Data, distribute
 from distlab.errors import DistlabError
+from distlab.monitors import Monitors
 from distlab.preemption import Interrupted, StopRequest
 from distlab.run_dir import RunDir, history_columns
 from distlab.tasks import Task
+from distlab.throughput import Interval, steady_state
 
 log = logging.getLogger("distlab")
 SUM = tf.distribute.ReduceOp.SUM
@@ -45,7 +47,10 @@ class Experiment:
     manager: tf.train.CheckpointManager
     epoch: tf.Variable  # epochs completed, saved in every checkpoint
     step_in_epoch: tf.Variable  # steps done in epoch `epoch` (non-zero after a preemption)
+    monitors: Monitors  # target, early stopping, best checkpoint (state in the checkpoint)
+    best_manager: tf.train.CheckpointManager | None = None  # checkpoints/best/
     started: float = field(default_factory=time.time)
+    origin: float = field(default_factory=time.time)  # time-to-target's zero: process start
     stop: StopRequest = field(default_factory=StopRequest)
     worker: Worker = field(default_factory=Worker)  # this process in a multi-worker cluster
     preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
@@ -60,10 +65,12 @@ class NonFiniteLoss(DistlabError):
 
 
 def save_checkpoint(exp: Experiment, epochs_done: int, steps_in_epoch: int) -> str:
-    """ckpt-<optimizer step>, holding model, optimizer, epoch and step-in-epoch counters."""
+    """ckpt-<training step>, holding model, optimizer, epoch and step-in-epoch counters (the
+    step counts batches: micro-batches under trainer.grad_accum_steps)."""
     exp.epoch.assign(epochs_done)
     exp.step_in_epoch.assign(steps_in_epoch)
-    return exp.manager.save(checkpoint_number=int(exp.optimizer.iterations.numpy()))
+    step = epochs_done * exp.data.steps_per_epoch + steps_in_epoch
+    return exp.manager.save(checkpoint_number=step)
 
 
 class Controller:
@@ -72,18 +79,38 @@ class Controller:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.epochs: list[dict[str, Any]] = []
+        self.intervals: list[Interval] = []  # timed training steps, for steady_state
         self.first_step_at: float | None = None
         self._position = (0, 0)  # (epochs done, steps into the next) at the last boundary
+        self._mark = (0.0, 0)  # (time, steps into the epoch) at the last step boundary
         self.columns = history_columns(exp.task.metric_names)
         logs = exp.run_dir.logs  # the tags keras.callbacks.TensorBoard uses, for both loops
         self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
                          "validation": tf.summary.create_file_writer(str(logs / "validation"))}
+        self._profile = list(exp.cfg.trainer.profile_steps or [])  # [first, last], 1-based
+        self._profiling = False
+
+    @property
+    def finished(self) -> bool:
+        """Whether training ended early (target reached with stop, or early stopping)."""
+        return self.exp.monitors.stopped
+
+    def epoch_begin(self, epoch: int, steps_done: int = 0) -> None:
+        """Before the first step the loop runs in epoch `epoch` (after `steps_done` steps)."""
+        self._mark = (time.time(), steps_done)
+        self._profile_at(epoch * self.exp.data.steps_per_epoch + steps_done)
 
     def step_end(self, epoch: int, steps_done: int, loss: float) -> None:
-        """After a step (or a loop of steps): NaN guard, preemption, time to first step."""
+        """After a step (or a loop of steps): timing, NaN guard, preemption, profiler."""
+        now = time.time()
         if self.first_step_at is None:
-            self.first_step_at = time.time()
+            self.first_step_at = now
             log.info("time to first step: %.1f s", self.first_step_at - self.exp.started)
+        started, before = self._mark
+        self.intervals.append(Interval(epoch, steps_done - before, self._examples(steps_done)
+                                       - self._examples(before), now - started))
+        self._mark = (now, steps_done)
+        self._profile_at(epoch * self.exp.data.steps_per_epoch + steps_done)
         if not math.isfinite(loss):
             latest = self.exp.manager.latest_checkpoint or "none yet"
             raise NonFiniteLoss(
@@ -93,6 +120,31 @@ class Controller:
             )
         if steps_done < self.exp.data.steps_per_epoch:  # else epoch_end stops, after its row
             self.stop_if_asked(epoch, steps_done)
+
+    def _examples(self, steps: int) -> float:
+        """Training examples in the first `steps` steps of an epoch."""
+        data = self.exp.data
+        return min(steps * data.global_batch_size, data.examples_per_epoch)
+
+    def _profile_at(self, steps_done: int) -> None:
+        """Start the TF profiler before step `first`, stop it after step `last` (run-wide
+        1-based step numbers; at the granularity of a loop's block of steps)."""
+        if not self._profile:
+            return
+        first, last = self._profile
+        if not self._profiling and first - 1 <= steps_done < last:
+            tf.profiler.experimental.start(str(self.exp.run_dir.logs / "train"))
+            self._profiling = True
+            log.info("profiling steps %d-%d into %s", steps_done + 1, last,
+                     self.exp.run_dir.logs / "train")
+        elif self._profiling and steps_done >= last:
+            self.close()
+
+    def close(self) -> None:
+        """End of training (or a stop): a running profiler trace is written out."""
+        if self._profiling:
+            tf.profiler.experimental.stop()
+            self._profiling, self._profile = False, []
 
     def stop_if_asked(self, epochs_done: int, steps_in_epoch: int) -> None:
         """At a step boundary: checkpoint and raise Interrupted if a stop was asked for (a
@@ -141,9 +193,12 @@ class Controller:
         exp.run_dir.append_history(row, self.columns)
         self._write_scalars(epoch, row)
         log.info(_summary_line(row, self.columns, exp.cfg.trainer.epochs))
-        self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
         exp.epoch.assign(epoch + 1)
-        last = epoch + 1 == exp.cfg.trainer.epochs
+        exp.step_in_epoch.assign(0)
+        if exp.monitors.epoch_end(epoch + 1, row) and exp.best_manager is not None:
+            exp.best_manager.save(checkpoint_number=epoch + 1)  # before a stop's checkpoint
+        self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
+        last = epoch + 1 == exp.cfg.trainer.epochs or self.finished
         if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last:
             save_checkpoint(exp, epoch + 1, 0)
         return row
@@ -160,9 +215,15 @@ class Controller:
         for writer in self._writers.values():
             writer.flush()
 
-    def train_examples_per_sec(self) -> float | None:
+    def throughput(self) -> dict[str, Any]:
+        """results.json's throughput fields: steady state (see distlab.throughput) and the
+        plain mean over every epoch this process trained (`..._overall`)."""
+        settings = self.exp.cfg.trainer.throughput
         seconds = sum(r["train_seconds"] for r in self.epochs)
-        return sum(r["examples"] for r in self.epochs) / seconds if seconds else None
+        overall = sum(r["examples"] for r in self.epochs) / seconds if seconds else None
+        return {**steady_state(self.intervals, self.exp.strategy.num_replicas_in_sync,
+                               settings.warmup_epochs, settings.warmup_steps, settings.windows),
+                "train_examples_per_sec_overall": overall}
 
 
 def _summary_line(row: dict[str, Any], columns: list[str], epochs: int) -> str:

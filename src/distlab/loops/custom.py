@@ -37,6 +37,7 @@ class CustomLoop(Loop):
             loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
             if model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            loss = exp.optimizer.scale_loss(loss)  # mixed_float16: LossScaleOptimizer's scale
         grads = tape.gradient(loss, model.trainable_variables)
         exp.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return self._batch_stats(labels, predictions, per_example_loss, weights)
@@ -64,6 +65,7 @@ class CustomLoop(Loop):
             bar = keras.utils.Progbar(steps, verbose=verbose,
                                       stateful_metrics=[*names, "examples/sec"])
             start = time.time()
+            self.controller.epoch_begin(epoch, done)
             totals = np.zeros(self.num_stats)
             while done < steps:
                 n = min(per_call, steps - done)
@@ -77,3 +79,5 @@ class CustomLoop(Loop):
             metrics = self.with_validation(epoch, self.means(totals))
             self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds,
                                       steps_run=done - first)
+            if self.controller.finished:  # target reached (with stop), or early stopping
+                break

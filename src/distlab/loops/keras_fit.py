@@ -40,6 +40,7 @@ class _EpochCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start, self._epoch, self._steps = time.time(), epoch, 0
+        self.loop.controller.epoch_begin(epoch, self.skip_steps)
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps = min(batch + 1, self.steps)  # a last block may run fewer steps
@@ -58,6 +59,8 @@ class _EpochCallback(keras.callbacks.Callback):
         self.loop.controller.epoch_end(epoch, metrics, time.time() - self._epoch_start,
                                        train_end - self._epoch_start, self._steps)
         self.skip_steps = 0
+        if self.loop.controller.finished:  # target reached (with stop), or early stopping
+            self.model.stop_training = True
 
 
 class KerasFitLoop(Loop):
@@ -96,10 +99,14 @@ class KerasFitLoop(Loop):
         if skip_steps:  # resumed mid-epoch: finish that epoch first, in a fit of its own
             self._fit(initial_epoch, initial_epoch + 1, skip_steps)
             initial_epoch += 1
+            if self.controller.finished:
+                return
         if block > 1 and steps % block:  # blocks straddle epochs: one fit per epoch
             for epoch in range(initial_epoch, epochs):
+                if self.controller.finished:
+                    break
                 self._fit(epoch, epoch + 1)
-        elif initial_epoch < epochs:
+        elif initial_epoch < epochs and not self.controller.finished:
             self._fit(initial_epoch, epochs)
 
     def _fit(self, first: int, end: int, skip_steps: int = 0) -> None:

@@ -1,0 +1,177 @@
+"""What the Controller watches at each epoch end: the time-to-accuracy target, early
+stopping and the best checkpoint.
+
+Their state is a few variables saved in every checkpoint, so a resumed run carries on
+counting (patience, best value, whether the target was reached) exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from distlab.errors import DistlabError
+from distlab.tasks import Task
+
+log = logging.getLogger("distlab")
+_IMPORTED = time.time()
+
+
+def process_started() -> float:
+    """Unix time at which this process started (Linux /proc), else when distlab loaded."""
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime, in clock ticks after boot
+        boot = next(int(line.split()[1]) for line in open("/proc/stat")
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
+
+
+def direction(metric: str, mode: str, task: Task) -> str:
+    """"max" or "min": `mode` unless auto; then losses go down, task metrics their way."""
+    if mode != "auto":
+        return mode
+    base = metric.removeprefix("val_")
+    higher = {m.name: m.higher_is_better for m in task.metrics}
+    return "max" if higher.get(base, base != "loss") else "min"
+
+
+def check_metric(key: str, metric: str, columns: list[str]) -> None:
+    """`metric` must be a per-epoch figure of history.csv (loss, metrics, val_ ones)."""
+    if metric not in columns:
+        raise DistlabError(f"{key}={metric!r} is not a per-epoch metric of this task; use one "
+                           f"of {', '.join(columns)} (val_ ones need trainer.validate_every "
+                           "at that epoch)")
+
+
+@dataclass
+class Rule:
+    metric: str
+    maximize: bool
+
+    def value(self, metrics: dict[str, Any]) -> float | None:
+        value = metrics.get(self.metric)
+        return None if value is None or not math.isfinite(value) else float(value)
+
+    def beats(self, value: float, best: float, delta: float = 0.0) -> bool:
+        if math.isnan(best):
+            return True
+        return value > best + delta if self.maximize else value < best - delta
+
+
+class Monitors:
+    """Target, early stopping and best checkpoint for one run (see trainer.* in the config)."""
+
+    def __init__(self, trainer: DictConfig, task: Task, columns: list[str]) -> None:
+        figures = [c for c in columns if c not in ("epoch", "learning_rate", "seconds",
+                                                   "examples_per_sec")]
+
+        def rule(key: str, node: DictConfig, metric: str | None) -> Rule | None:
+            if metric is None:
+                return None
+            check_metric(f"trainer.{key}.metric", metric, figures)
+            if metric.startswith("val_") and not trainer.validate_every:
+                raise DistlabError(f"trainer.{key}.metric={metric} is measured only on epochs "
+                                   "that validate, and trainer.validate_every=0: set "
+                                   "trainer.validate_every=1 (or N), or use a train metric")
+            return Rule(metric, direction(metric, node.mode, task) == "max")
+
+        self.target = rule("target", trainer.target, trainer.target.metric)
+        self.target_value = trainer.target.value
+        self.stop_at_target = bool(trainer.target.stop)
+        stopping = trainer.early_stopping
+        self.stopping = rule("early_stopping", stopping, stopping.metric)
+        self.patience, self.min_delta = stopping.patience, stopping.min_delta
+        best = trainer.best_checkpoint
+        self.best = rule("best_checkpoint", best, best.metric or stopping.metric)
+        self.reached_at: float | None = None  # time the target was reached, in this process
+
+        def var(value: Any, dtype: tf.DType, name: str) -> tf.Variable:
+            return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+        nan = float("nan")
+        self.state = {
+            "target_epoch": var(0, tf.int64, "target_epoch"),  # 0: not reached
+            "best_value": var(nan, tf.float64, "best_value"),
+            "best_epoch": var(0, tf.int64, "best_epoch"),
+            "stopping_best": var(nan, tf.float64, "stopping_best"),
+            "stopping_wait": var(0, tf.int64, "stopping_wait"),
+            "stopped_epoch": var(0, tf.int64, "stopped_epoch"),  # 0: not stopped early
+            "stop_reason": var("", tf.string, "stop_reason"),
+        }
+
+    def _get(self, key: str) -> Any:
+        value = self.state[key].numpy()
+        return value.decode() if isinstance(value, bytes) else value.item()
+
+    @property
+    def stopped(self) -> bool:
+        """Whether training ended early (at the target, or by early stopping)."""
+        return self._get("stopped_epoch") > 0
+
+    def epoch_end(self, epoch: int, metrics: dict[str, Any]) -> bool:
+        """Update the state after epoch `epoch` (1-based); True if the best checkpoint must
+        be saved now. Sets `stopped` when training must end after this epoch."""
+        save_best = False
+        if self.target and not self._get("target_epoch"):
+            value = self.target.value(metrics)
+            if value is not None and (value >= self.target_value if self.target.maximize
+                                      else value <= self.target_value):
+                self.state["target_epoch"].assign(epoch)
+                self.reached_at = time.time()
+                log.info("target %s %s %s reached at epoch %d (%.4f)", self.target.metric,
+                         ">=" if self.target.maximize else "<=", self.target_value, epoch, value)
+                if self.stop_at_target:
+                    self._stop(epoch, "target")
+        if self.best and (value := self.best.value(metrics)) is not None:
+            if self.best.beats(value, self._get("best_value")):
+                self.state["best_value"].assign(value)
+                self.state["best_epoch"].assign(epoch)
+                save_best = True
+        if self.stopping and (value := self.stopping.value(metrics)) is not None:
+            if self.stopping.beats(value, self._get("stopping_best"), self.min_delta):
+                self.state["stopping_best"].assign(value)
+                self.state["stopping_wait"].assign(0)
+            else:
+                self.state["stopping_wait"].assign_add(1)
+                if self._get("stopping_wait") >= self.patience and not self.stopped:
+                    log.info("early stopping at epoch %d: %s did not improve by more than %g "
+                             "for %d epoch(s)", epoch, self.stopping.metric, self.min_delta,
+                             self.patience)
+                    self._stop(epoch, "early_stopping")
+        return save_best
+
+    def _stop(self, epoch: int, reason: str) -> None:
+        self.state["stopped_epoch"].assign(epoch)
+        self.state["stop_reason"].assign(reason)
+
+    def results(self, started: float) -> dict[str, Any]:
+        """results.json fields: time_to_target_s (from `started`, when reached in this
+        process), epochs_to_target, best_*, stopped_early."""
+        out: dict[str, Any] = {}
+        if self.target:
+            reached = self._get("target_epoch")
+            out.update(target=f"{self.target.metric} {'>=' if self.target.maximize else '<='} "
+                              f"{self.target_value}",
+                       epochs_to_target=reached or None,
+                       time_to_target_s=(self.reached_at - started) if self.reached_at
+                       else None)
+        if self.best:
+            epoch = self._get("best_epoch")
+            out.update(best_metric=self.best.metric,
+                       best_value=self._get("best_value") if epoch else None,
+                       best_epoch=epoch or None,
+                       best_checkpoint="checkpoints/best" if epoch else None)
+        if self.stopped:
+            out["stopped_early"] = {"epoch": self._get("stopped_epoch"),
+                                    "reason": self._get("stop_reason")}
+        return out

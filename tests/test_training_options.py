@@ -1,0 +1,167 @@
+"""Gradient accumulation, mixed precision, time-to-target, early stopping, the best
+checkpoint and the profiler, in both loops (tiny data)."""
+
+from __future__ import annotations
+
+import pytest
+
+ACCUMULATE = ["optimizer=sgd", "optimizer.learning_rate=0.1", "schedule=constant",
+              "deterministic=true", "trainer.epochs=1", "trainer.validate_every=0"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_four_accumulated_batches_of_32_equal_one_batch_of_128(loop, replicas, run_inprocess):
+    strategy = ("strategy=default",) if replicas == 1 else ("strategy.cpu_devices=2",)
+    accumulated = run_inprocess(f"loop={loop}", *ACCUMULATE, *strategy,
+                                f"dataset.batch_size_per_replica={32 // replicas}",
+                                "trainer.grad_accum_steps=4", "trainer.steps_per_epoch=8")
+    whole = run_inprocess(f"loop={loop}", *ACCUMULATE, *strategy,
+                          f"dataset.batch_size_per_replica={128 // replicas}",
+                          "trainer.steps_per_epoch=2")
+    single = run_inprocess(f"loop={loop}", *ACCUMULATE, *strategy,
+                           f"dataset.batch_size_per_replica={32 // replicas}",
+                           "trainer.steps_per_epoch=8")
+    assert accumulated["effective_batch_size"] == 128 == whole["effective_batch_size"]
+    assert accumulated["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-5)
+    # and it is not the same as taking the 8 batches of 32 one by one
+    assert abs(single["test_loss"] - whole["test_loss"]) > 1e-3
+
+
+def test_keras_accumulation_fails_under_a_strategy_without_the_correction():
+    """The reason for distlab.grad_accumulation: if this stops failing, Keras fixed it."""
+    import keras
+    import tensorflow as tf
+
+    from distlab import grad_accumulation
+
+    assert grad_accumulation.corrected(), "Keras changed: re-check grad_accumulation"
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    x, y = tf.ones([8, 3]), tf.zeros([8, 1])
+
+    def train(optimizer_fn):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+            optimizer = optimizer_fn()
+            optimizer.build(model.trainable_variables)
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(tf.reduce_sum((model(x) - y) ** 2, -1),
+                                                  global_batch_size=8)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+        run = tf.function(lambda: strategy.run(step, args=(x, y)))
+        for _ in range(2):
+            run()
+        return model
+
+    with pytest.raises(RuntimeError, match="merge_call"):
+        train(lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    corrected = train(lambda: grad_accumulation.accumulate(keras.optimizers.SGD(0.1), 2, True))
+    plain = train(lambda: keras.optimizers.SGD(0.1))  # one update of the same (equal) batches
+    once = [w.numpy() for w in plain.weights]
+    twice = [w.numpy() for w in corrected.weights]
+    assert all(abs(a - b).max() > 0 for a, b in zip(once, twice, strict=True))  # 2 vs 1 update
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, tmp_path):
+    common = (f"loop={loop}", "trainer.epochs=5", "trainer.steps_per_epoch=3")
+    # reached at epoch 1 (any accuracy >= 0), stop there
+    reached = run_inprocess(*common, "trainer.target.metric=val_accuracy",
+                            "trainer.target.value=0.0", "trainer.target.stop=true")
+    assert reached["epochs_completed"] == 1 and reached["epochs_to_target"] == 1
+    assert reached["stopped_early"] == {"epoch": 1, "reason": "target"}
+    assert 0 < reached["time_to_target_s"]
+    # never reached: recorded as such, all epochs trained; loss needs no validation
+    missed = run_inprocess(*common, "trainer.target.metric=loss", "trainer.target.value=0.0",
+                           "trainer.validate_every=2")
+    assert missed["epochs_completed"] == 5 and missed["epochs_to_target"] is None
+    assert missed["time_to_target_s"] is None and "stopped_early" not in missed
+    # no val_loss improvement by more than 10 after epoch 1: patience 2 stops at epoch 3
+    out = tmp_path / "stopped"
+    stopped = run_inprocess(*common, "trainer.early_stopping.metric=val_loss",
+                            "trainer.early_stopping.patience=2",
+                            "trainer.early_stopping.min_delta=10", out=out)
+    assert stopped["epochs_completed"] == 3
+    assert stopped["stopped_early"] == {"epoch": 3, "reason": "early_stopping"}
+    rows = (out / "history.csv").read_text().splitlines()[1:]
+    assert [int(r.split(",")[0]) for r in rows] == [1, 2, 3]
+    # the best checkpoint follows the early-stopping metric: the lowest val_loss epoch
+    losses = [float(r.split(",")[4]) for r in rows]
+    assert stopped["best_metric"] == "val_loss"
+    assert stopped["best_epoch"] == 1 + losses.index(min(losses))
+    assert stopped["best_value"] == pytest.approx(min(losses), rel=1e-5)
+    assert (out / "checkpoints" / "best" / f"ckpt-{stopped['best_epoch']}.index").exists()
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_profile_steps_write_a_trace_where_tensorboard_looks(loop, run_inprocess, tmp_path):
+    out = tmp_path / "profiled"
+    run_inprocess(f"loop={loop}", "trainer.epochs=1", "trainer.steps_per_epoch=4",
+                  "trainer.validate_every=0", "trainer.profile_steps=[2,3]", out=out)
+    # TensorBoard's profile plugin reads <logdir>/<run>/plugins/profile/<session>/*.xplane.pb
+    traces = list((out / "logs" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_trains_with_float32_outputs_and_variables(precision, run_inprocess,
+                                                                   tmp_path):
+    import keras
+
+    from distlab import models
+
+    results = run_inprocess("model=mlp", "model.hidden_units=[32]", "loop=custom",
+                            f"precision={precision}", "trainer.epochs=1",
+                            "trainer.steps_per_epoch=4", "trainer.export=true",
+                            out=tmp_path / precision)
+    assert results["status"] == "completed" and results["precision"] == precision
+    assert results["saved_model"] == "saved_model"  # exported, reloaded and checked
+    assert results["test_loss"] < 2.4  # learnt something, finite
+    # the model as the run built it: computes in the low precision, outputs float32
+    keras.mixed_precision.set_dtype_policy(precision)
+    try:
+        inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        model = models.float32_outputs(inner)
+        assert keras.backend.standardize_dtype(inner.outputs[0].dtype) != "float32"
+        assert keras.backend.standardize_dtype(model.outputs[0].dtype) == "float32"
+        assert all(v.dtype == "float32" for v in model.weights)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+
+
+@pytest.mark.parametrize("corrected", [False, True])
+def test_loss_scaling_skips_a_step_that_overflows_on_any_replica(corrected):
+    import keras
+    import tensorflow as tf
+
+    from distlab.loss_scaling import LossScaleOptimizer
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        optimizer = (LossScaleOptimizer if corrected else keras.optimizers.LossScaleOptimizer)(
+            keras.optimizers.SGD(0.1))
+        optimizer.build(model.trainable_variables)
+    before = [w.numpy() for w in model.weights]
+
+    def step():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        x = tf.where(replica == 1, float("inf"), 1.0) * tf.ones([2, 2])  # replica 1 overflows
+        with tf.GradientTape() as tape:
+            loss = optimizer.scale_loss(tf.nn.compute_average_loss(model(x)[:, 0],
+                                                                   global_batch_size=4))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    tf.function(lambda: strategy.run(step))()
+    after = [w.numpy() for w in model.weights]
+    skipped = all((a == b).all() for a, b in zip(before, after, strict=True))
+    assert skipped == corrected  # Keras' own lets replica 1's inf through to the weights

@@ -328,10 +328,11 @@ def overhead_variants(a: argparse.Namespace) -> list[Variant]:
                                              "--verbose", "2"]),
                 Variant("distlab", "distlab", ["experiment=tutorial_keras_mnist",
                                                f"trainer.epochs={e}", "trainer.export=false",
-                                               QUIET])]
+                                               QUIET, *a.extra])]
     return [Variant("script", "script", [CUSTOM_BASELINE, "--epochs", str(e)], "fashion_mnist"),
             Variant("distlab", "distlab", ["experiment=tutorial_custom_fashion",
-                                           f"trainer.epochs={e}", "trainer.export=false", QUIET],
+                                           f"trainer.epochs={e}", "trainer.export=false", QUIET,
+                                           *a.extra],
                     "fashion_mnist")]
 
 
@@ -468,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--workload", choices=["keras_mnist", "custom_fashion"], default="keras_mnist")
     s.add_argument("--pairs", type=int, default=3)
     s.add_argument("--epochs", type=int, default=2)
+    s.add_argument("extra", nargs="*", help="extra overrides for the distlab run, e.g. "
+                   "dataset.disk_cache=false (the scripts decode the data in every run)")
 
     s = sub.add_parser("tuned", help="the tutorial script vs experiment=tutorial_keras_mnist_tuned")
     s.add_argument("--pairs", type=int, default=2)

@@ -77,7 +77,7 @@ def test_presets():
 PINNED = {"tutorial_keras_mnist": ["strategy", "dataset", "model", "optimizer", "schedule",
                                    "loop"]}
 PINNED["tutorial_custom_fashion"] = PINNED["tutorial_keras_mnist_tuned"] = PINNED[
-    "tutorial_keras_mnist"]
+    "mnist_fast"] = PINNED["tutorial_keras_mnist"]
 
 
 @pytest.mark.parametrize("preset,group,option", [
@@ -113,6 +113,14 @@ def test_unknown_key_is_rejected():
     ("seed=99999999999999", "seed"),
     ("objective=nope", "objective"),
     ("loop.jit_compile=true strategy.cpu_devices=2", "loop.jit_compile"),
+    ("precision=float8", "precision"),
+    ("trainer.grad_accum_steps=0", "trainer.grad_accum_steps"),
+    ("trainer.profile_steps=[5,2]", "trainer.profile_steps"),
+    ("trainer.profile_steps=[5]", "trainer.profile_steps"),
+    ("trainer.early_stopping.patience=0", "trainer.early_stopping.patience"),
+    ("trainer.early_stopping.mode=up", "trainer.early_stopping.mode"),
+    ("trainer.target.metric=val_accuracy", "trainer.target"),  # a metric needs a value
+    ("trainer.throughput.windows=0", "trainer.throughput.windows"),
 ])
 def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -165,3 +165,37 @@ def test_loss_scaling_skips_a_step_that_overflows_on_any_replica(corrected):
     after = [w.numpy() for w in model.weights]
     skipped = all((a == b).all() for a, b in zip(before, after, strict=True))
     assert skipped == corrected  # Keras' own lets replica 1's inf through to the weights
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["trainer.early_stopping.metric=val_acc"], "trainer.early_stopping.metric='val_acc' is not"),
+    (["trainer.best_checkpoint.metric=val_loss", "trainer.validate_every=0"],
+     "trainer.validate_every=0"),
+    (["trainer.target.metric=rmse", "trainer.target.value=1"], "val_accuracy"),  # lists them
+])
+def test_watched_metrics_must_be_per_epoch_figures_of_the_task(overrides, needle):
+    from conftest import compose
+
+    from distlab import tasks
+    from distlab.errors import DistlabError
+    from distlab.monitors import Monitors
+    from distlab.run_dir import history_columns
+
+    cfg = compose(overrides)
+    task = tasks.build(cfg.task)
+    with pytest.raises(DistlabError, match=needle.replace("[", r"\[")):
+        Monitors(cfg.trainer, task, history_columns(task.metric_names))
+
+
+def test_monitor_directions_follow_the_task():
+    from conftest import compose
+
+    from distlab import tasks
+    from distlab.monitors import direction
+
+    classification = tasks.build(compose([]).task)
+    regression = tasks.build(compose(["task=regression"]).task)
+    assert direction("val_accuracy", "auto", classification) == "max"
+    assert direction("val_loss", "auto", classification) == "min"
+    assert direction("mae", "auto", regression) == "min"
+    assert direction("val_loss", "max", classification) == "max"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+# lr_scaling by the effective batch (base 128): 0.1 for 4 x 32 and for 128, 0.025 for 32
 ACCUMULATE = ["optimizer=sgd", "optimizer.learning_rate=0.1", "schedule=constant",
+              "optimizer.lr_scaling=linear", "optimizer.base_batch_size=128",
               "deterministic=true", "trainer.epochs=1", "trainer.validate_every=0"]
 
 
@@ -24,6 +26,8 @@ def test_four_accumulated_batches_of_32_equal_one_batch_of_128(loop, replicas, r
                            f"dataset.batch_size_per_replica={32 // replicas}",
                            "trainer.steps_per_epoch=8")
     assert accumulated["effective_batch_size"] == 128 == whole["effective_batch_size"]
+    assert accumulated["learning_rate"] == pytest.approx(0.1) == whole["learning_rate"]
+    assert single["learning_rate"] == pytest.approx(0.025)
     assert accumulated["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-5)
     # and it is not the same as taking the 8 batches of 32 one by one
     assert abs(single["test_loss"] - whole["test_loss"]) > 1e-3

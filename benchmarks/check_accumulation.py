@@ -1,6 +1,8 @@
 """Real-data acceptance for gradient accumulation and mixed-precision speed; prints figures.
 
-    TFDS_DATA_DIR=../shared/tensorflow_datasets python benchmarks/check_accumulation.py OUT_DIR
+    TFDS_DATA_DIR=../shared/tensorflow_datasets python benchmarks/check_accumulation.py OUT [PART]
+
+PART: 1 or 2 (default: both).
 
 1. MNIST, the tutorial's model, SGD (lr 0.05), deterministic=true: 200 batches of 32
    accumulated 4 at a time (50 updates) against 50 batches of 128, both loops, on 1 device
@@ -31,7 +33,14 @@ def run(out: Path, *args: str) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-def main(out: Path) -> None:
+def main(out: Path, parts: str = "12") -> None:
+    if "1" in parts:
+        accumulation(out)
+    if "2" in parts:
+        precision(out)
+
+
+def accumulation(out: Path) -> None:
     print("1. accumulation: 4 x 32 accumulated vs 1 x 128, 50 updates")
     for loop in ("keras_fit", "custom"):
         for replicas in (1, 2):
@@ -50,6 +59,9 @@ def main(out: Path) -> None:
                   f"{acc['test_loss']:.9f}, one batch of 128 {whole['test_loss']:.9f}, "
                   f"|diff| {abs(acc['test_loss'] - whole['test_loss']):.2e}; 200 plain "
                   f"batches of 32: {plain['test_loss']:.9f}", flush=True)
+
+
+def precision(out: Path) -> None:
     print("2. precision: steady examples/sec, tutorial preset, 30 steps x 2 epochs")
     for precision in ("float32", "mixed_bfloat16", "mixed_float16"):
         r = run(out / f"speed-{precision}", "loop.verbose=0", "experiment=tutorial_keras_mnist",
@@ -60,6 +72,6 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3):
         raise SystemExit(__doc__)
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) == 3 else "12")

@@ -81,6 +81,10 @@ class Record:
         return self.returncode == 0 and self.results.get("status", "completed") == "completed"
 
     def get(self, key: str) -> Any:
+        if key == "train_examples_per_sec" and "train_examples_per_sec_overall" in self.results:
+            # distlab's train_examples_per_sec is the steady state; the scripts report the
+            # mean over every epoch, which is distlab's _overall
+            key = "train_examples_per_sec_overall"
         return self.results.get(key)
 
 

@@ -83,6 +83,8 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
         assert "resuming from" in (run_dir / "run.log").read_text()
         for key in ("best_value", "best_epoch"):
             assert resumed[key] == pytest.approx(uninterrupted[key], abs=1e-6), key
+        if option.startswith("precision="):  # the model's own dtype policy
+            assert resumed["precision"] == option.split("=")[1]
     # the best checkpoint evaluates to the val_loss recorded for it
     best = run_cli(*fast_overrides(tiny_data_dir), "mode=evaluate", f"loop={loop}", option,
                    *extra[1:-2], f"ckpt_path={c}/checkpoints/best",

@@ -39,6 +39,12 @@ def test_short_runs_use_windows_of_steps_after_the_warmup_steps():
     long = _epoch(0, [100] * 3) + _epoch(1, [200] * 3) + _epoch(2, [200] * 3)
     assert steady_state(long, 1, warmup_steps=30)["throughput_basis"] == "windows"
     assert steady_state([], 1)["train_examples_per_sec"] is None
+    # two epochs: the first is the warm-up, the spread is over windows of the second
+    two = steady_state(_epoch(0, [1000] * 4) + _epoch(1, [5000, 5000, 4000, 6000]), 1,
+                       windows=2)
+    assert two["throughput_basis"] == "windows" and two["throughput_samples"] == 2
+    assert two["warmup_s"] == pytest.approx(4 * 1000 / 1000)
+    assert two["train_examples_per_sec"] == pytest.approx(4000 / (0.2 + 0.2 + 0.25 + 1 / 6))
 
 
 def _job(root, num: int, overrides: list[str], **results) -> None:

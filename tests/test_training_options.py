@@ -45,7 +45,8 @@ def test_keras_accumulation_fails_under_a_strategy_without_the_correction():
                                               cross_device_ops=tf.distribute.ReductionToOneDevice())
     x, y = tf.ones([8, 3]), tf.zeros([8, 1])
 
-    def train(optimizer_fn):
+    def train(optimizer_fn, steps: int = 2):
+        keras.utils.set_random_seed(0)  # the same initial weights every time
         with strategy.scope():
             model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
             optimizer = optimizer_fn()
@@ -59,17 +60,19 @@ def test_keras_accumulation_fails_under_a_strategy_without_the_correction():
             optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
         run = tf.function(lambda: strategy.run(step, args=(x, y)))
-        for _ in range(2):
+        for _ in range(steps):
             run()
         return model
 
     with pytest.raises(RuntimeError, match="merge_call"):
         train(lambda: keras.optimizers.SGD(0.1, gradient_accumulation_steps=2))
+    # two equal batches accumulated are one update with that batch's gradient
     corrected = train(lambda: grad_accumulation.accumulate(keras.optimizers.SGD(0.1), 2, True))
-    plain = train(lambda: keras.optimizers.SGD(0.1))  # one update of the same (equal) batches
-    once = [w.numpy() for w in plain.weights]
-    twice = [w.numpy() for w in corrected.weights]
-    assert all(abs(a - b).max() > 0 for a, b in zip(once, twice, strict=True))  # 2 vs 1 update
+    once = train(lambda: keras.optimizers.SGD(0.1), steps=1)
+    twice = train(lambda: keras.optimizers.SGD(0.1), steps=2)
+    for a, b, c in zip(corrected.weights, once.weights, twice.weights, strict=True):
+        assert abs(a.numpy() - b.numpy()).max() < 1e-6
+        assert abs(a.numpy() - c.numpy()).max() > 1e-3
 
 
 @pytest.mark.slow
@@ -90,7 +93,7 @@ def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, tmp_path
     # no val_loss improvement by more than 10 after epoch 1: patience 2 stops at epoch 3
     out = tmp_path / "stopped"
     stopped = run_inprocess(*common, "trainer.early_stopping.metric=val_loss",
-                            "trainer.early_stopping.patience=2",
+                            "trainer.early_stopping.patience=2", "trainer.checkpoint_every=5",
                             "trainer.early_stopping.min_delta=10", out=out)
     assert stopped["epochs_completed"] == 3
     assert stopped["stopped_early"] == {"epoch": 3, "reason": "early_stopping"}
@@ -102,6 +105,11 @@ def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, tmp_path
     assert stopped["best_epoch"] == 1 + losses.index(min(losses))
     assert stopped["best_value"] == pytest.approx(min(losses), rel=1e-5)
     assert (out / "checkpoints" / "best" / f"ckpt-{stopped['best_epoch']}.index").exists()
+    assert stopped["best_checkpoint"] == str(out / "checkpoints" / "best" /
+                                             f"ckpt-{stopped['best_epoch']}")
+    # a new best is also a main checkpoint (whatever checkpoint_every), so a resume never
+    # restarts behind checkpoints/best
+    assert (out / "checkpoints" / f"ckpt-{3 * stopped['best_epoch']}.index").exists()
 
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])

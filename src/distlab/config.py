@@ -456,9 +456,8 @@ RERUN_NEUTRAL_KEYS = {
     "loop.steps_per_execution", "loop.jit_compile", "objective", "mode", "ckpt_path",
     "dataset.data_dir", "dataset.cache", "dataset.disk_cache", "dataset.cache_dir",
     "strategy.connect_timeout_s", "trainer.profile_steps", "trainer.throughput.warmup_epochs",
-    "trainer.throughput.warmup_steps", "trainer.throughput.windows", "trainer.target.metric",
-    "trainer.target.value", "trainer.target.mode", "trainer.target.stop",
-}
+    "trainer.throughput.warmup_steps", "trainer.throughput.windows",
+}  # trainer.target is not: whether it was reached is part of the checkpoint
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

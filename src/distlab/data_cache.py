@@ -24,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from distlab.errors import DistlabError
+from distlab.errors import first_line
 
 log = logging.getLogger("distlab")
 FORMAT = 1  # bump when what an entry holds changes
@@ -56,17 +56,20 @@ def entry_name(label: str, inputs: dict[str, Any]) -> str:
 
 
 def cached(ds: tf.data.Dataset, root: Path, name: str) -> tf.data.Dataset:
-    """`ds` read back from the cache entry `root/name`, written first if missing."""
+    """`ds` read back from the cache entry `root/name`, written first if missing. If the
+    entry cannot be written (read-only or full disk, no file locks), `ds` itself, after one
+    warning: the run goes on without the cache."""
     path = root / name
     if not path.is_dir():
         try:
             root.mkdir(parents=True, exist_ok=True)
             _write(ds, root, name)
-        except OSError as e:
-            raise DistlabError(
-                f"dataset.cache_dir={root} cannot hold the data cache ({e.strerror or e}): "
-                "point dataset.cache_dir (or DISTLAB_CACHE_DIR) at a writable directory, or "
-                "set dataset.disk_cache=false") from None
+        except (OSError, tf.errors.OpError) as e:
+            if not path.is_dir():  # (a concurrent writer's complete entry is fine)
+                log.warning("data cache: cannot write %s (%s); going on without it. Point "
+                            "dataset.cache_dir (or DISTLAB_CACHE_DIR) at a writable directory, "
+                            "or set dataset.disk_cache=false", path, first_line(e))
+                return ds
     return tf.data.Dataset.load(str(path), element_spec=ds.element_spec)
 
 
@@ -79,6 +82,9 @@ def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
             shutil.rmtree(orphan, ignore_errors=True)
         tmp = root / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         started = time.time()
-        ds.save(str(tmp))
-        os.rename(tmp, root / name)
+        try:
+            ds.save(str(tmp))
+            os.rename(tmp, root / name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing left behind if it failed
         log.info("data cache: wrote %s in %.1f s", root / name, time.time() - started)

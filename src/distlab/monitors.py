@@ -22,6 +22,7 @@ from distlab.tasks import Task
 
 log = logging.getLogger("distlab")
 _IMPORTED = time.time()
+STOP_REASONS = ("", "target", "early_stopping")
 
 
 def process_started() -> float:
@@ -92,7 +93,8 @@ class Monitors:
         self.stopping = rule("early_stopping", stopping, stopping.metric)
         self.patience, self.min_delta = stopping.patience, stopping.min_delta
         best = trainer.best_checkpoint
-        self.best = rule("best_checkpoint", best, best.metric or stopping.metric)
+        self.best = (rule("best_checkpoint", best, best.metric) if best.metric
+                     else rule("early_stopping", stopping, stopping.metric))
         self.reached_at: float | None = None  # time the target was reached, in this process
 
         def var(value: Any, dtype: tf.DType, name: str) -> tf.Variable:
@@ -106,12 +108,11 @@ class Monitors:
             "stopping_best": var(nan, tf.float64, "stopping_best"),
             "stopping_wait": var(0, tf.int64, "stopping_wait"),
             "stopped_epoch": var(0, tf.int64, "stopped_epoch"),  # 0: not stopped early
-            "stop_reason": var("", tf.string, "stop_reason"),
+            "stop_reason": var(0, tf.int64, "stop_reason"),  # an index into STOP_REASONS
         }
 
     def _get(self, key: str) -> Any:
-        value = self.state[key].numpy()
-        return value.decode() if isinstance(value, bytes) else value.item()
+        return self.state[key].numpy().item()
 
     @property
     def stopped(self) -> bool:
@@ -152,11 +153,11 @@ class Monitors:
 
     def _stop(self, epoch: int, reason: str) -> None:
         self.state["stopped_epoch"].assign(epoch)
-        self.state["stop_reason"].assign(reason)
+        self.state["stop_reason"].assign(STOP_REASONS.index(reason))
 
-    def results(self, started: float) -> dict[str, Any]:
+    def results(self, started: float, best_checkpoint: str | None = None) -> dict[str, Any]:
         """results.json fields: time_to_target_s (from `started`, when reached in this
-        process), epochs_to_target, best_*, stopped_early."""
+        process), epochs_to_target, best_* (`best_checkpoint`: its prefix), stopped_early."""
         out: dict[str, Any] = {}
         if self.target:
             reached = self._get("target_epoch")
@@ -170,8 +171,8 @@ class Monitors:
             out.update(best_metric=self.best.metric,
                        best_value=self._get("best_value") if epoch else None,
                        best_epoch=epoch or None,
-                       best_checkpoint="checkpoints/best" if epoch else None)
+                       best_checkpoint=best_checkpoint if epoch else None)
         if self.stopped:
             out["stopped_early"] = {"epoch": self._get("stopped_epoch"),
-                                    "reason": self._get("stop_reason")}
+                                    "reason": STOP_REASONS[self._get("stop_reason")]}
         return out

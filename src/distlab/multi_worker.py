@@ -74,7 +74,8 @@ def restore_from_chief(exp, latest: str | None, restore: Callable[[str], None]) 
     flags = from_chief(exp.strategy, [found, exp.epoch, exp.step_in_epoch])
     if not int(flags[0]):
         return
-    variables = list(exp.model.variables) + list(exp.optimizer.variables)
+    variables = (list(exp.model.variables) + list(exp.optimizer.variables)
+                 + list(exp.monitors.state.values()))  # target, early stopping, best
     for variable, value in zip(variables, from_chief(exp.strategy, variables), strict=True):
         variable.assign(value)
     exp.epoch.assign(flags[1])

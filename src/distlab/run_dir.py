@@ -133,7 +133,8 @@ class RunDir:
         n = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
         target = attempts / str(n)
         target.mkdir(parents=True)
-        for source in (self.started_config_yaml, self.results_json, self.history_csv, self.logs):
+        for source in (self.started_config_yaml, self.results_json, self.history_csv, self.logs,
+                       self.best_checkpoints):
             if source.exists():
                 shutil.move(str(source), str(target / source.name))
         return target

@@ -23,7 +23,7 @@ from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError, first_line
 from distlab.loops.base import Experiment
-from distlab.monitors import Monitors, process_started
+from distlab.monitors import Monitors
 from distlab.preemption import Interrupted, stop_on_signals
 from distlab.registry import LOOPS
 from distlab.run_dir import RunDir, find_checkpoint, history_columns
@@ -32,7 +32,6 @@ log = logging.getLogger("distlab")
 # how far the reloaded SavedModel may be from the trained model, relative to the largest
 # output: the two graphs round differently, in the precision they compute in
 EXPORT_RTOL = {"float32": 1e-4, "mixed_float16": 2e-3, "mixed_bfloat16": 2e-2}
-_JOBS_STARTED = 0  # jobs this process has run (an in-process sweep runs several)
 for _noisy in ("absl", "tensorflow"):  # tfds file listings, per-trace all-reduce notes
     logging.getLogger(_noisy).setLevel(logging.WARNING)
 # tf.data says this whenever a distributed dataset reads its options inside a tf.function
@@ -119,9 +118,18 @@ def connect(cfg: DictConfig, results_json: Path | None = None,
 
 
 def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy | None = None,
-            task: Task | None = None) -> dict[str, Any]:
-    """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json."""
+            task: Task | None = None, origin: float | None = None) -> dict[str, Any]:
+    """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json.
+    `origin`: when the clock of time_to_target_s started (default: now)."""
     started = time.time()
+    try:
+        return _execute(cfg, run_dir, strategy, task, origin or started, started)
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")  # the next in-process job's default
+
+
+def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy | None,
+             task: Task | None, origin: float, started: float) -> dict[str, Any]:
     task = task or Task()
     strategy = strategy or connect(cfg)
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
@@ -129,11 +137,7 @@ def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy |
     reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     exp = build_experiment(cfg, run_dir, strategy, started)
     exp.worker = task
-    global _JOBS_STARTED
-    # time-to-target counts from the process start; a later job of an in-process sweep
-    # counts from its own start
-    exp.origin = process_started() if not _JOBS_STARTED else started
-    _JOBS_STARTED += 1
+    exp.origin = origin
     try:
         return _evaluate(exp) if cfg.mode == "evaluate" else _train(exp)
     except multi_worker.PEER_ERRORS as e:
@@ -154,15 +158,22 @@ def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
         "global_batch_size": data.global_batch_size,
         "grad_accum_steps": cfg.trainer.grad_accum_steps,
         "effective_batch_size": effective_batch_size(cfg, data.global_batch_size),
-        "precision": cfg.precision,
+        "precision": _policy(exp.model, cfg.precision),
         "learning_rate": learning_rate(cfg, effective_batch_size(cfg, data.global_batch_size)),
         "dataset": data.name,
         "steps_per_epoch": data.steps_per_epoch,
         "epochs_completed": int(exp.epoch.numpy()),
-        **objective(cfg.objective, exp.task),
+        **objective(cfg.objective, exp.task,
+                    exp.monitors.best.maximize if exp.monitors.best else None),
         **extra,
         "wall_time_s": time.time() - exp.started,
     }
+
+
+def _policy(model: keras.Model, configured: str) -> str:
+    """The dtype policy the model was built with (what `precision` did)."""
+    policy = getattr(model, "dtype_policy", None)
+    return getattr(policy, "name", None) or configured
 
 
 def _train(exp: Experiment) -> dict[str, Any]:
@@ -197,7 +208,8 @@ def _train(exp: Experiment) -> dict[str, Any]:
         exp, **test,
         **loop.controller.throughput(),
         time_to_first_step_s=(first - exp.started) if first else None,
-        **exp.monitors.results(exp.origin),
+        **exp.monitors.results(exp.origin, exp.best_manager.latest_checkpoint
+                               if exp.best_manager else None),
         checkpoint=exp.manager.latest_checkpoint,
         **export,
     )
@@ -217,12 +229,17 @@ def _evaluate(exp: Experiment) -> dict[str, Any]:
                     trained=trained_with(prefix) if prefix else None)
 
 
-def objective(name: str | None, task: tasks.Task) -> dict[str, str]:
+def objective(name: str | None, task: tasks.Task,
+              best_maximizes: bool | None = None) -> dict[str, str]:
     """results.json's `objective` (the field sweepers get: `name`, else the task's first
-    metric) and `objective_direction` (maximize or minimize)."""
+    metric) and `objective_direction` (maximize or minimize): task metrics their own way,
+    times (`*_s`) and epochs to target down, `best_value` as its metric."""
     field = name or (f"test_{task.metrics[0].name}" if task.metrics else "test_loss")
     higher = {f"test_{m.name}": m.higher_is_better for m in task.metrics}
-    maximize = higher.get(field, "loss" not in field and "error" not in field)
+    higher.update(best_value=best_maximizes, epochs_to_target=False)
+    maximize = higher.get(field)
+    if maximize is None:
+        maximize = not (field.endswith("_s") or "loss" in field or "error" in field)
     return {"objective": field, "objective_direction": "maximize" if maximize else "minimize"}
 
 
@@ -231,7 +248,8 @@ def _figures(test: dict[str, float]) -> str:
 
 
 TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",
-                  "global_batch_size", "learning_rate", "steps_per_epoch", "epochs_completed")
+                  "global_batch_size", "grad_accum_steps", "effective_batch_size", "precision",
+                  "learning_rate", "steps_per_epoch", "epochs_completed")
 
 
 def trained_with(prefix: str) -> dict[str, Any] | None:

@@ -46,17 +46,22 @@ def steady_state(intervals: list[Interval], replicas: int, warmup_epochs: int = 
     """results.json's throughput fields from one process's step intervals.
 
     Warm-up is the first `warmup_epochs` epochs this process ran or, when `warmup_steps` is
-    set, its first `warmup_steps` steps; if fewer than two epochs are left after the warm-up
-    epochs, the warm-up is the first tenth of the steps instead (at least one interval) and
-    the spread is over `windows` windows of the remaining steps.
+    set, its first `warmup_steps` steps. The spread is across the steady epochs when there
+    are at least two, else across `windows` windows of the steady steps. A run that never
+    got past its warm-up epochs leaves out the first tenth of its steps instead (at least
+    one interval).
     """
     epochs = list(dict.fromkeys(i.epoch for i in intervals))
     steady_epochs = epochs[warmup_epochs:]
-    if warmup_steps is None and len(steady_epochs) >= 2:
+    if warmup_steps is None and steady_epochs:
         warm = [i for i in intervals if i.epoch not in steady_epochs]
         steady = [i for i in intervals if i.epoch in steady_epochs]
-        samples = [_rate([i for i in steady if i.epoch == e]) for e in steady_epochs]
-        basis = "epochs"
+        if len(steady_epochs) >= 2:
+            samples = [_rate([i for i in steady if i.epoch == e]) for e in steady_epochs]
+            basis = "epochs"
+        else:
+            samples = [_rate(w) for w in _windows(steady, windows)]
+            basis = "windows"
     else:
         total = sum(i.steps for i in intervals)
         skip = warmup_steps if warmup_steps is not None else max(1, total // 10)

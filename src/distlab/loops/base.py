@@ -132,7 +132,9 @@ class Controller:
         if not self._profile:
             return
         first, last = self._profile
-        if not self._profiling and first - 1 <= steps_done < last:
+        loop = self.exp.cfg.loop  # the next call runs steps steps_done + 1 .. + block
+        block = loop.get("steps_per_execution") or loop.get("steps_per_loop") or 1
+        if not self._profiling and first <= steps_done + block and steps_done < last:
             tf.profiler.experimental.start(str(self.exp.run_dir.logs / "train"))
             self._profiling = True
             log.info("profiling steps %d-%d into %s", steps_done + 1, last,
@@ -145,6 +147,9 @@ class Controller:
         if self._profiling:
             tf.profiler.experimental.stop()
             self._profiling, self._profile = False, []
+        elif self._profile:
+            log.warning("trainer.profile_steps=%s: training ended before those steps; no "
+                        "trace written", self._profile)
 
     def stop_if_asked(self, epochs_done: int, steps_in_epoch: int) -> None:
         """At a step boundary: checkpoint and raise Interrupted if a stop was asked for (a
@@ -195,11 +200,13 @@ class Controller:
         log.info(_summary_line(row, self.columns, exp.cfg.trainer.epochs))
         exp.epoch.assign(epoch + 1)
         exp.step_in_epoch.assign(0)
-        if exp.monitors.epoch_end(epoch + 1, row) and exp.best_manager is not None:
+        best = exp.monitors.epoch_end(epoch + 1, row) and exp.best_manager is not None
+        if best:
             exp.best_manager.save(checkpoint_number=epoch + 1)  # before a stop's checkpoint
         self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
         last = epoch + 1 == exp.cfg.trainer.epochs or self.finished
-        if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last:
+        # a new best is also a main checkpoint: a resume never goes back behind checkpoints/best
+        if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last or best:
             save_checkpoint(exp, epoch + 1, 0)
         return row
 

@@ -245,7 +245,8 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     test = raw_test.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
     if cfg.disk_cache and source is not None:  # tfds only: a user's data has no version
         root = data_cache.cache_root(cfg.cache_dir)
-        inputs = {**source, "preprocess": OmegaConf.to_container(cfg.preprocess)}
+        files = data_cache.files_signature(source.pop("data_dir"))  # only when caching
+        inputs = {**source, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
         train, test = (data_cache.cached(ds, root, data_cache.entry_name(
             f"{cfg.name}-{split}", {**inputs, "split": split}))
             for ds, split in ((train, cfg.train_split), (test, cfg.test_split)))
@@ -323,7 +324,7 @@ def _tfds_splits(cfg: DictConfig) -> Splits:
     else:
         outputs = max(1, math.prod(label.shape or ()))
     source = {"dataset": cfg.name, "version": str(info.version), "features": [x, y],
-              "files": data_cache.files_signature(builder.data_dir)}
+              "data_dir": builder.data_dir}
     return (train, test, num_train, num_test, outputs,
             isinstance(label, tfds.features.ClassLabel), source)
 

@@ -23,7 +23,7 @@ from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError, first_line
 from distlab.loops.base import Experiment
-from distlab.monitors import Monitors
+from distlab.monitors import Monitors, direction
 from distlab.preemption import Interrupted, stop_on_signals
 from distlab.registry import LOOPS
 from distlab.run_dir import RunDir, find_checkpoint, history_columns
@@ -235,7 +235,8 @@ def objective(name: str | None, task: tasks.Task,
     metric) and `objective_direction` (maximize or minimize): task metrics their own way,
     times (`*_s`) and epochs to target down, `best_value` as its metric."""
     field = name or (f"test_{task.metrics[0].name}" if task.metrics else "test_loss")
-    higher = {f"test_{m.name}": m.higher_is_better for m in task.metrics}
+    higher: dict[str, bool | None] = {  # the task's test fields, as the monitors rank them
+        f"test_{m}": direction(m, "auto", task) == "max" for m in ("loss", *task.metric_names)}
     higher.update(best_value=best_maximizes, epochs_to_target=False)
     maximize = higher.get(field)
     if maximize is None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import TINY_TEST, TINY_TRAIN, compose, fast_overrides
 
 from distlab import data_cache
 
@@ -76,11 +78,125 @@ def test_concurrent_writers_decode_once_and_read_the_same_entry(tmp_path):
     assert _entries(tmp_path) == ["entry-abc"]  # no temporary directory left
 
 
-def test_an_unwritable_cache_dir_warns_once_and_the_run_goes_on(tmp_path, caplog):
+def test_an_unwritable_cache_dir_warns_once_per_run_and_the_run_goes_on(
+        tiny_data_dir, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    ds = data_cache.cached(tf.data.Dataset.range(3), blocker / "sub", "entry")
-    assert list(ds.as_numpy_iterator()) == [0, 1, 2]
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    data = _load(tiny_data_dir, blocker / "sub")  # both splits (train and test) need writing
+    assert _rows(data.test.unbatch()) == TINY_TEST and _rows(data.train) == TINY_TRAIN
+    warnings = _cache_warnings(caplog)
     assert len(warnings) == 1 and "dataset.cache_dir" in warnings[0]
     assert "disk_cache=false" in warnings[0] and "\n" not in warnings[0]
+    caplog.clear()
+    _load(tiny_data_dir, blocker / "sub")  # the next run (same process) warns once again
+    assert len(_cache_warnings(caplog)) == 1
+
+
+def _load(data_dir: Path, cache_dir: Path):
+    from distlab import data
+
+    cfg = compose([*fast_overrides(data_dir), f"dataset.cache_dir={cache_dir}"])
+    return data.load(cfg.dataset, num_replicas=1, seed=0, steps_per_epoch=None)
+
+
+def _rows(ds: tf.data.Dataset) -> int:
+    return int(ds.reduce(0, lambda n, _: n + 1))
+
+
+def _cache_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelname == "WARNING" and "data cache" in r.getMessage()]
+
+
+def _shard(entry: Path) -> Path:
+    return sorted(entry.glob("*/*.shard/*.snapshot"))[0]
+
+
+@pytest.mark.parametrize("how", ["records", "bytes"])
+def test_a_truncated_entry_is_rebuilt_before_use(tiny_data_dir, tmp_path, caplog, how):
+    _load(tiny_data_dir, tmp_path / "cache")
+    entries = _entries(tmp_path / "cache")
+    (entry,) = (tmp_path / "cache").glob("mnist-test-*")
+    intact = [x.numpy() for x, _ in tf.data.Dataset.load(str(entry))]
+    shard = _shard(entry)
+    if how == "records":  # a shard of the first 48 records: Dataset.load still says 192
+        tf.data.Dataset.load(str(entry)).take(48).save(str(tmp_path / "short"))
+        shutil.copyfile(_shard(tmp_path / "short"), shard)
+    else:
+        os.truncate(shard, shard.stat().st_size // 2)
+    data = _load(tiny_data_dir, tmp_path / "cache")
+    warnings = _cache_warnings(caplog)
+    assert len(warnings) == 1 and str(entry) in warnings[0] and "rebuilding" in warnings[0]
+    assert _entries(tmp_path / "cache") == entries  # rebuilt in place, nothing left over
+    images = np.concatenate([x.numpy() for x, _ in data.test])
+    np.testing.assert_array_equal(images, np.stack(intact))
+    caplog.clear()
+    _load(tiny_data_dir, tmp_path / "cache")  # the rebuilt entry passes its check
+    assert not _cache_warnings(caplog)
+
+
+@pytest.mark.parametrize("damage", ["flipped bytes", "deleted shard", "deleted metadata",
+                                    "deleted manifest"])
+def test_a_corrupt_entry_is_found_before_use_and_rebuilt(tmp_path, caplog, damage):
+    ds = tf.data.Dataset.range(300).map(lambda x: (tf.fill([8], x), x * 3))
+    data_cache.cached(ds, tmp_path, "entry-abc")
+    entry = tmp_path / "entry-abc"
+    shard = _shard(entry)
+    if damage == "flipped bytes":
+        raw = bytearray(shard.read_bytes())
+        for i in range(len(raw) // 2, len(raw) // 2 + 16):
+            raw[i] ^= 0xFF
+        shard.write_bytes(raw)
+    elif damage == "deleted shard":
+        shard.unlink()
+    elif damage == "deleted metadata":
+        (entry / "snapshot.metadata").unlink()
+    else:
+        (entry / data_cache.MANIFEST).unlink()
+    loaded = data_cache.cached(ds, tmp_path, "entry-abc")
+    warnings = _cache_warnings(caplog)  # found (and rebuilt) before any element is read
+    assert len(warnings) == 1 and str(entry) in warnings[0] and "\n" not in warnings[0]
+    assert data_cache.check(entry, ds.element_spec) is None
+    assert [int(y) for _, y in loaded] == [3 * i for i in range(300)]
+    assert _entries(tmp_path) == ["entry-abc"]  # no damaged copy or temporary left
+
+
+def test_an_intact_entry_is_used_without_rewriting(tmp_path, caplog):
+    ds = tf.data.Dataset.range(20)
+    data_cache.cached(ds, tmp_path, "entry-abc")
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "entry-abc").rglob("*")}
+    assert list(data_cache.cached(ds, tmp_path, "entry-abc").as_numpy_iterator()) == list(
+        range(20))
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "entry-abc").rglob("*")} == before
+    assert not _cache_warnings(caplog)
+
+
+def test_concurrent_readers_of_a_damaged_entry_rebuild_it_once(tmp_path, caplog):
+    calls = []
+
+    def decode(x):
+        calls.append(1)
+        return x * 2
+
+    ds = tf.data.Dataset.range(50).map(lambda x: tf.py_function(decode, [x], tf.int64))
+    data_cache.cached(ds, tmp_path, "entry-abc")
+    os.truncate(_shard(tmp_path / "entry-abc"), 100)
+    calls.clear()
+    results: list[list[int]] = []
+    errors: list[BaseException] = []
+
+    def job():
+        try:
+            results.append(list(data_cache.cached(ds, tmp_path, "entry-abc").as_numpy_iterator()))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=job) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(results) == 3
+    assert len(calls) == 50 and len(_cache_warnings(caplog)) == 1  # one job rebuilt it
+    assert all(r == list(range(0, 100, 2)) for r in results)
+    assert _entries(tmp_path) == ["entry-abc"]

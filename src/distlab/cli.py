@@ -13,7 +13,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ INFO/WARNING start-up chatter
 
 import hydra  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
 from distlab.run_dir import check_output_dir_args  # noqa: E402
@@ -37,4 +39,38 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     register_configs()
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")
-    hydra.main(version_base="1.3", config_path=config_path, config_name="config")(task)()
+    app = hydra.main(version_base="1.3", config_path=config_path, config_name="config")(task)
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's traceback
+        return app()
+    # Hydra prints a composition error over several lines with a HYDRA_FULL_ERROR hint; with
+    # the variable set it raises instead, and the error becomes one line here
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except (HydraException, OmegaConfBaseException) as e:
+        print(f"error: {composition_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+
+
+_NOISE = ("full_key:", "reference_type=", "object_type=", "Set the environment variable")
+
+
+def composition_error(error: BaseException) -> str:
+    """A Hydra or OmegaConf composition error (and its cause) as one line naming the key."""
+    parts: list[str] = []
+    for exc in (error, error.__cause__):
+        if exc is None or str(exc) in parts:
+            continue
+        for line in str(exc).splitlines():
+            if line.startswith("Config search path"):
+                break
+            text = line.strip()
+            if not text or text.startswith(_NOISE):
+                continue
+            if line.startswith("\t") and parts and parts[-1].endswith((":", ",")):
+                parts[-1] += f" {text},"  # a list of options, one per line
+            else:
+                parts.append(text)
+    return ". ".join(p.rstrip(",.") for p in parts) or type(error).__name__

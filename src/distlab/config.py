@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from distlab.errors import ConfigError
+from distlab.objective import builtin_task_metrics, check_watched, finite
 
 # --------------------------------------------------------------------------- groups
 
@@ -323,6 +324,9 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 
 _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
+_METRIC = (lambda v: bool(v.strip()), "must name a history.csv column (e.g. val_loss), or be "
+           "null to turn it off")
+INT_LIMIT = 2**31  # every integer key of distlab's options is below it (seed: below 2**32)
 
 CHECKS: list[Check] = [
     ("trainer.epochs", *_POSITIVE),
@@ -335,9 +339,14 @@ CHECKS: list[Check] = [
     ("trainer.throughput.warmup_steps", *_NON_NEGATIVE),
     ("trainer.throughput.windows", *_POSITIVE),
     ("trainer.target.mode", *MODES),
+    ("trainer.target.metric", *_METRIC),
+    ("trainer.target.value", finite, "must be a finite number"),
+    ("trainer.early_stopping.metric", *_METRIC),
     ("trainer.early_stopping.mode", *MODES),
     ("trainer.early_stopping.patience", *_POSITIVE),
-    ("trainer.early_stopping.min_delta", *_NON_NEGATIVE),
+    ("trainer.early_stopping.min_delta", lambda v: finite(v) and v >= 0,
+     "must be a finite number >= 0"),
+    ("trainer.best_checkpoint.metric", *_METRIC),
     ("trainer.best_checkpoint.mode", *MODES),
     ("trainer.profile_steps", lambda v: len(v) == 2 and 1 <= v[0] <= v[1],
      "must be [first, last] steps with 1 <= first <= last, e.g. [10, 20]"),
@@ -400,6 +409,7 @@ JIT_ON_LOGICAL_CPUS = (
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError naming the first impossible value. Never imports TensorFlow."""
+    _check_int_range(cfg)
     for key, ok, why in CHECKS:
         value = OmegaConf.select(cfg, key, default=None)
         if value is None or not _distlab_option(cfg, key):
@@ -426,6 +436,21 @@ def validate(cfg: DictConfig) -> None:
                           "neither")
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+    metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
+    if metrics is not None:
+        check_watched(cfg.trainer, list(metrics))
+
+
+def _check_int_range(cfg: DictConfig) -> None:
+    """Integers beyond int32 overflow TensorFlow's counters: refuse them by key."""
+    for key, value in _flatten(OmegaConf.to_container(cfg, resolve=True)).items():
+        if key.startswith("hydra.") or key == "seed" or not _distlab_option(cfg, key):
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) >= INT_LIMIT
+               for v in values):
+            raise ConfigError(f"{key}={_show(value)} is out of range: integer settings must "
+                              f"be below 2**31 ({INT_LIMIT})")
 
 
 def _distlab_option(cfg: DictConfig, key: str) -> bool:
@@ -469,13 +494,19 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
+def effective(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` flattened to dotted keys, with what a null stands for filled in where it
+    depends on another key (a cosine schedule's decay_epochs: trainer.epochs)."""
+    flat = _flatten(config)
+    if flat.get("schedule.name") == "cosine" and flat.get("schedule.decay_epochs") is None:
+        flat["schedule.decay_epochs"] = flat.get("trainer.epochs")
+    return flat
+
+
 def training_diff(started_with: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """Dotted keys whose change would make a rerun train differently from the original run."""
-    old, new = _flatten(started_with), _flatten(now)
-    neutral = set(RERUN_NEUTRAL_KEYS)
-    cosine_over_run = (new.get("schedule.name") == "cosine"
-                       and new.get("schedule.decay_epochs") is None)
-    if cosine_over_run:  # the decay length is trainer.epochs itself
-        neutral.discard("trainer.epochs")
+    """Dotted keys whose change would make a rerun train differently from the original run
+    (compared by `effective` value: a cosine decay over trainer.epochs is a decay_epochs)."""
+    old, new = effective(started_with), effective(now)
+    absent = "<absent>"
     return sorted(k for k in old.keys() | new.keys()
-                  if k not in neutral and old.get(k, "<absent>") != new.get(k, "<absent>"))
+                  if k not in RERUN_NEUTRAL_KEYS and old.get(k, absent) != new.get(k, absent))

@@ -244,10 +244,10 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     train = raw_train.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
     test = raw_test.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
     if cfg.disk_cache and source is not None:  # tfds only: a user's data has no version
-        root = data_cache.cache_root(cfg.cache_dir)
+        disk = data_cache.DiskCache(data_cache.cache_root(cfg.cache_dir))  # one per run
         files = data_cache.files_signature(source.pop("data_dir"))  # only when caching
         inputs = {**source, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
-        train, test = (data_cache.cached(ds, root, data_cache.entry_name(
+        train, test = (disk.cached(ds, data_cache.entry_name(
             f"{cfg.name}-{split}", {**inputs, "split": split}))
             for ds, split in ((train, cfg.train_split), (test, cfg.test_split)))
     if cfg.cache:

@@ -7,6 +7,10 @@ midway leaves nothing that a reader could take for a cache entry. The entry's na
 hash of everything its contents depend on (dataset, version, split, features,
 preprocessing, the prepared files' sizes and modification times, TensorFlow's version), so
 a changed input gets a new entry and an entry is never stale.
+
+The writer adds a manifest (every file's size and CRC-32, the number of rows); a reader
+checks the entry against it before use, so a truncated or corrupt entry is found before
+training starts and rebuilt, with one warning naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +32,9 @@ import tensorflow as tf
 from distlab.errors import first_line
 
 log = logging.getLogger("distlab")
-FORMAT = 1  # bump when what an entry holds changes
+FORMAT = 2  # bump when what an entry holds changes (2: the manifest)
+MANIFEST = "distlab-manifest.json"
+_CHUNK = 8 << 20
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -55,36 +62,114 @@ def entry_name(label: str, inputs: dict[str, Any]) -> str:
     return f"{safe}-{hashlib.sha256(payload.encode()).hexdigest()[:20]}"
 
 
-def cached(ds: tf.data.Dataset, root: Path, name: str) -> tf.data.Dataset:
-    """`ds` read back from the cache entry `root/name`, written first if missing. If the
-    entry cannot be written (read-only or full disk, no file locks), `ds` itself, after one
-    warning: the run goes on without the cache."""
-    path = root / name
-    if not path.is_dir():
+class DiskCache:
+    """The cache directory `root` as one run uses it: if the root cannot be written, the
+    first entry that needs writing logs one warning and the run's other entries go on
+    without the cache silently."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.unwritable = False
+
+    def cached(self, ds: tf.data.Dataset, name: str) -> tf.data.Dataset:
+        """`ds` read back from the entry `root/name`: written first if missing, rebuilt
+        (one warning) if it fails its manifest check. If it cannot be written (read-only or
+        full disk, no file locks), `ds` itself: the run goes on without the cache."""
+        path = self.root / name
+        if path.is_dir() and check(path, ds.element_spec) is None:
+            return _load(path, ds.element_spec)
+        if self.unwritable:
+            return ds
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            _write(ds, root, name)
+            self.root.mkdir(parents=True, exist_ok=True)
+            _write(ds, self.root, name)
         except (OSError, tf.errors.OpError) as e:
-            if not path.is_dir():  # (a concurrent writer's complete entry is fine)
+            # (a concurrent writer's complete entry is fine)
+            if not (path.is_dir() and check(path, ds.element_spec) is None):
+                self.unwritable = True
                 log.warning("data cache: cannot write %s (%s); going on without it. Point "
                             "dataset.cache_dir (or DISTLAB_CACHE_DIR) at a writable directory, "
                             "or set dataset.disk_cache=false", path, first_line(e))
                 return ds
-    return tf.data.Dataset.load(str(path), element_spec=ds.element_spec)
+        return _load(path, ds.element_spec)
+
+
+def cached(ds: tf.data.Dataset, root: Path, name: str) -> tf.data.Dataset:
+    """`DiskCache(root).cached(ds, name)`: one entry, on its own."""
+    return DiskCache(root).cached(ds, name)
+
+
+def check(path: Path, element_spec: Any = None) -> str | None:
+    """None if the entry at `path` matches its manifest (the set of files, their sizes and
+    CRC-32s, the number of rows); else what is wrong, in a few words."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        expected: dict[str, list[int]] = manifest["files"]
+        rows = int(manifest["rows"])
+    except FileNotFoundError:
+        return "no manifest"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable manifest ({first_line(e)})"
+    try:
+        present = {name for name in _files(path) if name != MANIFEST}
+        missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
+        if missing:
+            return f"missing {missing[0]}"
+        if extra:
+            return f"unexpected file {extra[0]}"
+        for name, (size, _) in expected.items():  # cheap: catches truncation first
+            actual = (path / name).stat().st_size
+            if actual != size:
+                return f"{name} has {actual} bytes, {size} were written"
+        for name, (_, crc) in expected.items():
+            if _crc32(path / name) != crc:
+                return f"{name} fails its checksum"
+        n = int(_load(path, element_spec).cardinality())
+    except (OSError, tf.errors.OpError) as e:
+        return f"unreadable ({first_line(e)})"
+    return None if n == rows else f"{n} rows, {rows} were written"
+
+
+def _files(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def _crc32(path: Path) -> int:
+    crc, buf = 0, bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+    return crc
+
+
+def _load(path: Path, element_spec: Any) -> tf.data.Dataset:
+    return tf.data.Dataset.load(str(path), element_spec=element_spec)
 
 
 def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
+    path = root / name
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another job writing it: wait, then use its entry
-        if (root / name).is_dir():
-            return
-        for orphan in root.glob(f".{name}.tmp-*"):  # left by a writer that was killed
-            shutil.rmtree(orphan, ignore_errors=True)
+        if path.is_dir():
+            problem = check(path, ds.element_spec)
+            if problem is None:  # written (or rebuilt) by another job meanwhile
+                return
+            log.warning("data cache: entry %s is damaged (%s); rebuilding it", path, problem)
+            damaged = root / f".{name}.bad-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.rename(path, damaged)  # readers now find no entry, never a half-deleted one
+            shutil.rmtree(damaged, ignore_errors=True)
+        for orphan in [*root.glob(f".{name}.tmp-*"), *root.glob(f".{name}.bad-*")]:
+            shutil.rmtree(orphan, ignore_errors=True)  # left by a job that was killed
         tmp = root / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         started = time.time()
         try:
             ds.save(str(tmp))
-            os.rename(tmp, root / name)
+            rows = int(_load(tmp, ds.element_spec).cardinality())
+            files = {f: [(tmp / f).stat().st_size, _crc32(tmp / f)] for f in _files(tmp)}
+            (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "rows": rows,
+                                                    "files": files}))
+            os.rename(tmp, path)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing left behind if it failed
-        log.info("data cache: wrote %s in %.1f s", root / name, time.time() - started)
+        log.info("data cache: wrote %s in %.1f s", path, time.time() - started)

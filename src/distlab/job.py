@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab import plugins
 from distlab.cluster import current_task
-from distlab.config import training_diff, validate
+from distlab.config import effective, training_diff, validate
 from distlab.errors import DistlabError
 from distlab.preemption import Interrupted
 from distlab.run_dir import RunDir, RunDirBusy
@@ -105,8 +105,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         from distlab.runner import execute  # imports TensorFlow
 
         # time_to_target_s counts from the process start in a single run (imports included,
-        # as a whole-process benchmark does), from the job's start in a sweep (comparable)
-        origin = started if _is_multirun() else process_started()
+        # as a whole-process benchmark does); in a sweep from the start of the job's own work,
+        # after TensorFlow's import, which only a process's first job pays (so jobs compare)
+        origin = None if _is_multirun() else process_started()
         results = execute(cfg, run_dir, strategy=strategy, task=task, origin=origin)
         if scratch is None:
             run_dir.write_results(results)
@@ -167,12 +168,19 @@ def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") 
         log.info("%s held an attempt with another config and no checkpoint; it is kept in "
                  "%s and this run starts afresh", run_dir.path, kept)
         return None
-    shown = ", ".join(f"{k} ({_get(started_with, k)!r} -> {_get(config, k)!r})"
+    before, after = effective(started_with), effective(config)
+    shown = ", ".join(f"{k} ({before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r})"
                       for k in changed[:6])
     more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
-    return (f"{run_dir.path} holds a run started with another config: {shown}{more}. "
-            "Rerun with its values to resume it (only trainer.epochs "
-            "and reporting keys may change), or choose a new hydra.run.dir")
+    hint = ""
+    if "schedule.decay_epochs" in changed and _get(started_with, "schedule.decay_epochs") is None \
+            and _get(started_with, "schedule.name") == "cosine":
+        hint = (f" (schedule=cosine with decay_epochs=null decays over trainer.epochs; to train "
+                f"longer on the run's schedule, add schedule.decay_epochs="
+                f"{before.get('schedule.decay_epochs')})")
+    return (f"{run_dir.path} holds a run started with another config: {shown}{more}{hint}. "
+            "Rerun with its values to resume it (trainer.epochs and reporting keys may "
+            "differ), or choose a new hydra.run.dir")
 
 
 def _get(config: dict[str, Any], dotted: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.errors import DistlabError
+from distlab.objective import check_watched, metric_direction
 from distlab.tasks import Task
 
 log = logging.getLogger("distlab")
@@ -39,19 +39,7 @@ def process_started() -> float:
 
 def direction(metric: str, mode: str, task: Task) -> str:
     """"max" or "min": `mode` unless auto; then losses go down, task metrics their way."""
-    if mode != "auto":
-        return mode
-    base = metric.removeprefix("val_")
-    higher = {m.name: m.higher_is_better for m in task.metrics}
-    return "max" if higher.get(base, base != "loss") else "min"
-
-
-def check_metric(key: str, metric: str, columns: list[str]) -> None:
-    """`metric` must be a per-epoch figure of history.csv (loss, metrics, val_ ones)."""
-    if metric not in columns:
-        raise DistlabError(f"{key}={metric!r} is not a per-epoch metric of this task; use one "
-                           f"of {', '.join(columns)} (val_ ones need trainer.validate_every "
-                           "at that epoch)")
+    return metric_direction(metric, mode, {m.name: m.higher_is_better for m in task.metrics})
 
 
 @dataclass
@@ -73,28 +61,22 @@ class Monitors:
     """Target, early stopping and best checkpoint for one run (see trainer.* in the config)."""
 
     def __init__(self, trainer: DictConfig, task: Task, columns: list[str]) -> None:
-        figures = [c for c in columns if c not in ("epoch", "learning_rate", "seconds",
-                                                   "examples_per_sec")]
+        check_watched(trainer, task.metric_names)  # a user task's names: known only now
 
-        def rule(key: str, node: DictConfig, metric: str | None) -> Rule | None:
+        def rule(node: DictConfig, metric: str | None) -> Rule | None:
             if metric is None:
                 return None
-            check_metric(f"trainer.{key}.metric", metric, figures)
-            if metric.startswith("val_") and not trainer.validate_every:
-                raise DistlabError(f"trainer.{key}.metric={metric} is measured only on epochs "
-                                   "that validate, and trainer.validate_every=0: set "
-                                   "trainer.validate_every=1 (or N), or use a train metric")
             return Rule(metric, direction(metric, node.mode, task) == "max")
 
-        self.target = rule("target", trainer.target, trainer.target.metric)
+        self.target = rule(trainer.target, trainer.target.metric)
         self.target_value = trainer.target.value
         self.stop_at_target = bool(trainer.target.stop)
         stopping = trainer.early_stopping
-        self.stopping = rule("early_stopping", stopping, stopping.metric)
+        self.stopping = rule(stopping, stopping.metric)
         self.patience, self.min_delta = stopping.patience, stopping.min_delta
         best = trainer.best_checkpoint
-        self.best = (rule("best_checkpoint", best, best.metric) if best.metric
-                     else rule("early_stopping", stopping, stopping.metric))
+        self.best = (rule(best, best.metric) if best.metric is not None
+                     else rule(stopping, stopping.metric))
         self.reached_at: float | None = None  # time the target was reached, in this process
 
         def var(value: Any, dtype: tf.DType, name: str) -> tf.Variable:

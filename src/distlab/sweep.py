@@ -453,12 +453,12 @@ class SweepSummary(Callback):
 
 
 def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
-    """The Optuna sweeper's direction if there is one; else the direction the jobs report
-    for their objective (a task metric knows it: accuracy up, MAE down); else maximise
-    unless it is a loss."""
+    """The Optuna sweeper's direction if the user set one; else the direction the jobs report
+    for their objective (`distlab.objective`: accuracy up, MAE and times down); else maximise
+    unless it is a loss (run dirs written before jobs reported a direction)."""
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum
-    if isinstance(direction, str):
+    if direction in ("maximize", "minimize"):
         return direction == "maximize"
     reported = {j.results.get("objective_direction") for j in jobs} - {None}
     if len(reported) == 1:

@@ -1,25 +1,68 @@
-"""The Optuna sweeper, ending a search whose every trial failed like any failed sweep."""
+"""The Optuna sweeper, ranking by the objective's own direction and saying why a trial
+gave Optuna no value."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from hydra.types import HydraContext, TaskFunction
 from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+log = logging.getLogger(__name__)
 NO_COMPLETED_TRIAL = "No trials are completed yet"  # optuna's Study.best_trial
+AUTO = "auto"
+
+
+class _NoValueNote(logging.Filter):
+    """Drops hydra-optuna-sweeper's "Return value must be float-castable. Got 'None'"
+    warning: the sweeper has already said, in one line, why the trial has no value."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Got 'None'" not in record.getMessage()
 
 
 class DistlabOptunaSweeper(OptunaSweeper):
-    """hydra-optuna-sweeper's OptunaSweeper, except that when no trial completed it writes
-    the sweep summary (which lists the failed trials) and exits 1 with one line, instead of
-    Optuna's `ValueError: No trials are completed yet` traceback."""
+    """hydra-optuna-sweeper's OptunaSweeper, except that:
+
+    - `direction: auto` (distlab's default) takes the study's direction from the objective
+      (`distlab.objective.direction`: accuracy up, losses, times and MAE down); a direction
+      the user sets is kept;
+    - a trial whose job completed without a value for the objective (e.g. time_to_target_s
+      when the target was not reached) is logged in one line and told to Optuna as failed,
+      so the sampler never sees an invented value;
+    - when no trial completed, it writes the sweep summary and exits 1 with one line saying
+      why, instead of Optuna's `ValueError: No trials are completed yet` traceback.
+    """
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
         self._config = config
+        impl = self.sweeper
+        if str(getattr(impl.direction, "name", impl.direction)) == AUTO:
+            from distlab.objective import direction, task_metrics
+
+            job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+            impl.direction = direction(job_cfg, task_metrics(job_cfg))
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self._field = _objective_field(config)
+        self._no_value = 0
+        launcher = impl.launcher
+        launch = launcher.launch
+
+        def launch_and_explain(job_overrides: Any, initial_job_idx: int) -> Any:
+            returns = launch(job_overrides, initial_job_idx=initial_job_idx)
+            for num, ret in enumerate(returns, start=initial_job_idx):
+                if ret.return_value is None and _job_completed(ret):
+                    self._no_value += 1
+                    log.warning("trial %d: its job completed, but results.json has no %s "
+                                "(with a target: not reached); Optuna records the trial as "
+                                "failed", num, self._field)
+            return returns
+
+        launcher.launch = launch_and_explain
+        logging.getLogger("hydra_plugins.hydra_optuna_sweeper._impl").addFilter(_NoValueNote())
 
     def sweep(self, arguments: list[str]) -> Any:
         try:
@@ -29,5 +72,26 @@ class DistlabOptunaSweeper(OptunaSweeper):
                 raise
         from distlab.sweep import SweepSummary
 
-        SweepSummary().on_multirun_end(self._config)  # every trial failed: this exits 1
+        if self._no_value:
+            log.error("search failed: no trial gave a value for %s (%d job(s) completed "
+                      "without one; with a target, it was never reached: lower "
+                      "trainer.target.value or train longer)", self._field, self._no_value)
+        SweepSummary().on_multirun_end(self._config)  # failed jobs: this exits 1
         raise SystemExit(1)
+
+
+def _job_completed(ret: Any) -> bool:
+    """Whether the job's results.json says it completed (a failed distlab job also returns
+    None, and says so in its own results.json)."""
+    from distlab.run_dir import RunDir
+
+    try:
+        results = RunDir(ret.hydra_cfg.hydra.runtime.output_dir).read_results()
+    except Exception:  # noqa: BLE001 - no readable results: not a completed job
+        return False
+    return bool(results) and results.get("status") == "completed"
+
+
+def _objective_field(config: DictConfig) -> str:
+    """The results.json field the jobs return (as `distlab.job` picks it)."""
+    return str(config.get("objective") or "the objective (the task's first metric)")

@@ -156,7 +156,7 @@ def test_sweep_configs_compose():
         assert optuna.hydra.sweeper._target_.endswith("OptunaSweeper")
         assert set(optuna.hydra.sweeper.params) == {"optimizer.learning_rate",
                                                     "dataset.batch_size_per_replica"}
-        assert optuna.hydra.sweeper.direction == "maximize" and optuna.objective
+        assert optuna.hydra.sweeper.direction == "auto" and optuna.objective
         for launcher in ("joblib", "submitit_local", "submitit_slurm"):
             cfg = compose("config", [f"hydra/launcher={launcher}"], return_hydra_config=True)
             assert cfg.hydra.launcher._target_.startswith("hydra_plugins."), launcher

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -136,7 +137,8 @@ def test_a_truncated_entry_is_rebuilt_before_use(tiny_data_dir, tmp_path, caplog
 
 
 @pytest.mark.parametrize("damage", ["flipped bytes", "deleted shard", "deleted metadata",
-                                    "deleted manifest"])
+                                    "deleted manifest", 'manifest {"files": null}',
+                                    "manifest of bare sizes", "manifest a list"])
 def test_a_corrupt_entry_is_found_before_use_and_rebuilt(tmp_path, caplog, damage):
     ds = tf.data.Dataset.range(300).map(lambda x: (tf.fill([8], x), x * 3))
     data_cache.cached(ds, tmp_path, "entry-abc")
@@ -151,8 +153,15 @@ def test_a_corrupt_entry_is_found_before_use_and_rebuilt(tmp_path, caplog, damag
         shard.unlink()
     elif damage == "deleted metadata":
         (entry / "snapshot.metadata").unlink()
-    else:
+    elif damage == "deleted manifest":
         (entry / data_cache.MANIFEST).unlink()
+    else:  # valid JSON of the wrong shape
+        manifest = json.loads((entry / data_cache.MANIFEST).read_text())
+        shapes = {'manifest {"files": null}': {"files": None, "rows": 1},
+                  "manifest of bare sizes": {**manifest, "files": {
+                      name: size for name, (size, _) in manifest["files"].items()}},
+                  "manifest a list": [1, 2]}
+        (entry / data_cache.MANIFEST).write_text(json.dumps(shapes[damage]))
     loaded = data_cache.cached(ds, tmp_path, "entry-abc")
     warnings = _cache_warnings(caplog)  # found (and rebuilt) before any element is read
     assert len(warnings) == 1 and str(entry) in warnings[0] and "\n" not in warnings[0]

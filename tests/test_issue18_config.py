@@ -104,21 +104,17 @@ def test_objective_direction_from_the_config(overrides, expected):
 
 def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept():
     """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna)."""
-    from hydra_plugins.distlab_sweepers.optuna import DistlabOptunaSweeper
-
     def study_direction(*overrides: str) -> str:
         from conftest import ROOT
         from hydra import compose as hydra_compose
         from hydra import initialize_config_dir
-        from hydra.core.hydra_config import HydraConfig
         from hydra.utils import instantiate
 
         with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
             cfg = hydra_compose("config", overrides=["hparams_search=optuna", *overrides],
                                 return_hydra_config=True)
-        HydraConfig.instance().set_config(cfg)
-        sweeper = instantiate(cfg.hydra.sweeper)
-        assert isinstance(sweeper, DistlabOptunaSweeper)
+        sweeper = instantiate(cfg.hydra.sweeper)  # (no global HydraConfig: jobs would read it)
+        assert type(sweeper).__name__ == "DistlabOptunaSweeper"
 
         class Context:
             config_loader = None
@@ -138,22 +134,31 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept():
 
 
 def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
-    """Item 13: the refusal names schedule.decay_epochs and how to extend; doing so works."""
+    """Item 13: the refusal names schedule.decay_epochs and what to do; doing so works, and a
+    schedule that decayed to 0 is not offered as a way to train more."""
     from distlab.job import rerun_refusal
     from distlab.run_dir import RunDir
 
     def config(*overrides: str) -> dict:
         return OmegaConf.to_container(compose(["schedule=cosine", *overrides]), resolve=True)
 
-    run_dir = RunDir(tmp_path)
-    run_dir.record_start(config("trainer.epochs=1"))
-    (run_dir.checkpoints).mkdir(parents=True)
-    (run_dir.checkpoints / "ckpt-1.index").write_bytes(b"")
-    refusal = rerun_refusal(run_dir, config("trainer.epochs=2"))
-    assert "schedule.decay_epochs (1 -> 2)" in refusal, refusal
-    assert "add schedule.decay_epochs=1" in refusal and "only trainer.epochs" not in refusal
-    assert rerun_refusal(run_dir, config("trainer.epochs=2", "schedule.decay_epochs=1")) is None
-    assert rerun_refusal(run_dir, config("trainer.epochs=1")) is None
+    for alpha in ("0.1", "0.0"):
+        run_dir = RunDir(tmp_path / alpha)
+        run_dir.record_start(config("trainer.epochs=1", f"schedule.alpha={alpha}"))
+        run_dir.checkpoints.mkdir(parents=True)
+        (run_dir.checkpoints / "ckpt-1.index").write_bytes(b"")
+        refusal = rerun_refusal(run_dir, config("trainer.epochs=2", f"schedule.alpha={alpha}"))
+        assert "schedule.decay_epochs (1 -> 2)" in refusal, refusal
+        assert "only trainer.epochs" not in refusal
+        if alpha == "0.1":
+            assert "add schedule.decay_epochs=1" in refusal
+        else:
+            assert "decayed to 0" in refusal and "trainer.epochs=2 in another hydra.run.dir" \
+                in refusal and "add schedule.decay_epochs" not in refusal
+        assert rerun_refusal(run_dir, config("trainer.epochs=2", "schedule.decay_epochs=1",
+                                             f"schedule.alpha={alpha}")) is None
+        assert rerun_refusal(run_dir, config("trainer.epochs=1", f"schedule.alpha={alpha}")) \
+            is None
 
 
 @pytest.mark.slow
@@ -184,3 +189,44 @@ def test_optuna_search_whose_trials_never_reach_the_target(tiny_data_dir, tmp_pa
     assert "float-castable" not in text and "Traceback" not in text, text[-3000:]
     assert text.count("results.json has no time_to_target_s") == 2, text[-3000:]
     assert "no trial gave a value for time_to_target_s" in text, text[-3000:]
+    assert "val_accuracy >= 1.5 was never reached: lower trainer.target.value" in text
+
+
+@pytest.mark.slow
+def test_jit_with_determinism_on_an_op_xla_cannot_do_deterministically(tiny_data_dir, tmp_path):
+    """Item 9: the custom loop's XLA step of a CNN under op determinism is one line."""
+    out = run_cli(*fast_overrides(tiny_data_dir), "loop=custom", "loop.jit_compile=true",
+                  "deterministic=true", "strategy=default", "trainer.epochs=1",
+                  "trainer.steps_per_epoch=2", f"hydra.run.dir={tmp_path}", timeout=300)
+    text = out.stdout + out.stderr
+    errors = [line for line in text.splitlines() if "[ERROR]" in line]
+    assert out.returncode == 2, text[-3000:]
+    assert len(errors) == 1 and "loop.jit_compile=true with deterministic=true" in errors[0]
+    assert "MaxPool" in errors[0] and "Traceback" not in text, text[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["status"] == "failed" and "deterministic=false" in results["error"]
+
+
+def test_optuna_advice_follows_the_target_direction():
+    from distlab.objective import task_metrics
+    from hydra_plugins.distlab_sweepers.optuna import _advice
+
+    for overrides, advice in ((["trainer.target.metric=loss"], "loss <= 0.5 was never reached: "
+                               "raise trainer.target.value"),
+                              (["trainer.target.metric=val_accuracy"], "lower"),
+                              (["trainer.target.metric=val_accuracy", "trainer.target.mode=min"],
+                               "raise")):
+        cfg = compose([*overrides, "trainer.target.value=0.5"])
+        assert advice in _advice(cfg, task_metrics(cfg))
+
+
+def test_extending_a_schedule_that_reached_zero_warns(run_inprocess, tmp_path, caplog):
+    """Item 13: epochs trained at learning rate 0 are said to change nothing."""
+    common = ("schedule=cosine", "schedule.decay_epochs=1", "strategy=default",
+              "trainer.steps_per_epoch=2", "trainer.validate_every=0")
+    run_inprocess(*common, "trainer.epochs=1", out=tmp_path / "r")
+    assert not [r for r in caplog.records if "learning rate is 0" in r.getMessage()]
+    extended = run_inprocess(*common, "trainer.epochs=2", out=tmp_path / "r")
+    warned = [r.getMessage() for r in caplog.records if "learning rate is 0" in r.getMessage()]
+    assert extended["epochs_completed"] == 2 and len(warned) == 1, warned
+    assert "from step 3 to the end (schedule=cosine)" in warned[0]

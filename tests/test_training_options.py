@@ -191,12 +191,11 @@ def test_watched_metrics_must_be_per_epoch_figures_of_the_task(overrides, needle
     from distlab import tasks
     from distlab.errors import DistlabError
     from distlab.monitors import Monitors
-    from distlab.run_dir import history_columns
 
     cfg = compose(overrides)
     task = tasks.build(cfg.task)
     with pytest.raises(DistlabError, match=needle.replace("[", r"\[")):
-        Monitors(cfg.trainer, task, history_columns(task.metric_names))
+        Monitors(cfg.trainer, task)
 
 
 def test_monitor_directions_follow_the_task():

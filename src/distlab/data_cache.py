@@ -104,11 +104,12 @@ def check(path: Path, element_spec: Any = None) -> str | None:
     CRC-32s, the number of rows); else what is wrong, in a few words."""
     try:
         manifest = json.loads((path / MANIFEST).read_text())
-        expected: dict[str, list[int]] = manifest["files"]
+        expected = {str(name): (int(size), int(crc))  # its shape checked here, once
+                    for name, (size, crc) in manifest["files"].items()}
         rows = int(manifest["rows"])
     except FileNotFoundError:
         return "no manifest"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         return f"unreadable manifest ({first_line(e)})"
     try:
         present = {name for name in _files(path) if name != MANIFEST}

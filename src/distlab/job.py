@@ -175,9 +175,14 @@ def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") 
     hint = ""
     if "schedule.decay_epochs" in changed and _get(started_with, "schedule.decay_epochs") is None \
             and _get(started_with, "schedule.name") == "cosine":
-        hint = (f" (schedule=cosine with decay_epochs=null decays over trainer.epochs; to train "
-                f"longer on the run's schedule, add schedule.decay_epochs="
-                f"{before.get('schedule.decay_epochs')})")
+        decayed = before.get("schedule.decay_epochs")
+        hint = (" (schedule=cosine with decay_epochs=null decays over trainer.epochs; "
+                + (f"add schedule.decay_epochs={decayed} to train longer on the run's schedule, "
+                   f"at its final learning rate, alpha={before.get('schedule.alpha')} x "
+                   "learning_rate)" if before.get("schedule.alpha") else
+                   "its learning rate has decayed to 0 (schedule.alpha=0), so more epochs would "
+                   f"change nothing: train a new run with trainer.epochs="
+                   f"{after.get('trainer.epochs')} in another hydra.run.dir)"))
     return (f"{run_dir.path} holds a run started with another config: {shown}{more}{hint}. "
             "Rerun with its values to resume it (trainer.epochs and reporting keys may "
             "differ), or choose a new hydra.run.dir")

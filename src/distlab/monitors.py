@@ -60,7 +60,7 @@ class Rule:
 class Monitors:
     """Target, early stopping and best checkpoint for one run (see trainer.* in the config)."""
 
-    def __init__(self, trainer: DictConfig, task: Task, columns: list[str]) -> None:
+    def __init__(self, trainer: DictConfig, task: Task) -> None:
         check_watched(trainer, task.metric_names)  # a user task's names: known only now
 
         def rule(node: DictConfig, metric: str | None) -> Rule | None:

@@ -6,8 +6,9 @@
 - `agree`: the chief's verdict on the run dir (train, already completed, refused), so no
   worker trains, or waits, alone.
 - `restore_from_chief`: resume from the chief's latest checkpoint even when only the
-  chief's disk holds the run dir: the chief restores, then every model and optimizer
-  variable and the epoch counters are broadcast.
+  chief's disk holds the run dir: the chief restores, then every variable of what a
+  checkpoint holds (`Experiment.state`: model, optimizer, counters, epoch sums, monitors)
+  is broadcast; an evaluation broadcasts the model and epoch only.
 - `preemption_handler`: TensorFlow's PreemptionCheckpointHandler; SIGTERM to any worker
   makes all of them save at the same step (through distlab's own save) and stop.
 - `lost_worker`: a peer's death as one line naming it.
@@ -20,7 +21,9 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import keras
 import tensorflow as tf
 
 from distlab.cluster import Task
@@ -63,23 +66,39 @@ def agree(strategy: tf.distribute.Strategy, verdict: str | None) -> str:
     return VERDICTS[int(from_chief(strategy, [code])[0])]
 
 
-def restore_from_chief(exp, latest: str | None, restore: Callable[[str], None]) -> None:
-    """Give every worker the state of the chief's checkpoint `latest` (None: no checkpoint,
-    or not the chief). `restore(prefix)` restores it into exp.checkpoint on the chief."""
+def state_variables(state: dict[str, Any]) -> list:
+    """The variables of `state` (a checkpoint's objects by name: models, optimizers,
+    variables, lists of them), each once, in a fixed order."""
+    found: dict[int, Any] = {}
+
+    def add(value: Any) -> None:
+        if isinstance(value, list | tuple):
+            for item in value:
+                add(item)
+        elif isinstance(value, keras.Model | keras.optimizers.Optimizer):
+            add(list(value.variables))
+        else:
+            found.setdefault(id(value), value)
+
+    add(list(state.values()))
+    return list(found.values())
+
+
+def restore_from_chief(exp, latest: str | None, restore: Callable[[str], None],
+                       state: dict[str, Any] | None = None) -> None:
+    """Give every worker the chief's checkpoint `latest` (None: no checkpoint, or not the
+    chief): `restore(prefix)` restores it on the chief, then the variables of `state`
+    (default `exp.state`, all a checkpoint holds) are broadcast."""
     with exp.strategy.scope():
         exp.checkpoint.save_counter  # noqa: B018 - created now on every worker, not lazily
     if latest:  # only the chief has it
         restore(latest)
-    found = tf.constant(1 if latest else 0, tf.int64)
-    flags = from_chief(exp.strategy, [found, exp.epoch, exp.step_in_epoch])
-    if not int(flags[0]):
+    found = from_chief(exp.strategy, [tf.constant(1 if latest else 0, tf.int64)])[0]
+    if not int(found):
         return
-    variables = (list(exp.model.variables) + list(exp.optimizer.variables)
-                 + list(exp.monitors.state.values()))  # target, early stopping, best
+    variables = state_variables(exp.state if state is None else state)
     for variable, value in zip(variables, from_chief(exp.strategy, variables), strict=True):
         variable.assign(value)
-    exp.epoch.assign(flags[1])
-    exp.step_in_epoch.assign(flags[2])
 
 
 def preemption_handler(exp, scratch: Path, save: Callable[[], str],

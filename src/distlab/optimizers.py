@@ -40,14 +40,27 @@ def rmsprop(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
 
 
 def with_training_options(optimizer: keras.optimizers.Optimizer, grad_accum_steps: int,
-                          loss_scaling: bool, distributed: bool) -> keras.optimizers.Optimizer:
+                          loss_scaling: bool, distributed: bool,
+                          epochs: int | None = None, steps_per_epoch: int | None = None,
+                          ) -> keras.optimizers.Optimizer:
     """`optimizer` updating every `grad_accum_steps` batches with their mean gradient
-    (distlab.grad_accumulation), wrapped in a LossScaleOptimizer for float16."""
+    (distlab.grad_accumulation), clipping the gradient summed over replicas, wrapped in a
+    LossScaleOptimizer for float16. Given the run's `epochs` and `steps_per_epoch`, an
+    accumulation longer than the whole run is refused."""
+    if epochs is not None and steps_per_epoch is not None:
+        grad_accumulation.check_steps(grad_accum_steps, epochs, steps_per_epoch)
     if grad_accum_steps > 1:
         optimizer = grad_accumulation.accumulate(optimizer, grad_accum_steps, distributed)
+    optimizer = grad_accumulation.clip_globally(optimizer, distributed)
     if loss_scaling and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         optimizer = LossScaleOptimizer(optimizer)
     return optimizer
+
+
+def apply_leftover_gradients(exp) -> bool:
+    """End of training: the micro-batches left in a partial accumulation make one last
+    update (see `distlab.grad_accumulation.apply_leftover`)."""
+    return grad_accumulation.apply_leftover(exp)
 
 
 def build(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:

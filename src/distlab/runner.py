@@ -6,6 +6,7 @@ Imports TensorFlow; `distlab.run` imports this module only after validating the 
 from __future__ import annotations
 
 import logging
+import re
 import tempfile
 import time
 import warnings
@@ -23,12 +24,15 @@ from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError, first_line
 from distlab.loops.base import Experiment
-from distlab.monitors import Monitors, direction
+from distlab.monitors import Monitors
+from distlab.objective import maximizes, objective_field
 from distlab.preemption import Interrupted, stop_on_signals
 from distlab.registry import LOOPS
-from distlab.run_dir import RunDir, find_checkpoint, history_columns
+from distlab.run_dir import RunDir, find_checkpoint
 
 log = logging.getLogger("distlab")
+# the checkpoint's name for Experiment.epoch_sums; checkpoints older than it lack it
+EPOCH_SUMS = "epoch_sums"
 # how far the reloaded SavedModel may be from the trained model, relative to the largest
 # output: the two graphs round differently, in the precision they compute in
 EXPORT_RTOL = {"float32": 1e-4, "mixed_float16": 2e-3, "mixed_bfloat16": 2e-2}
@@ -66,17 +70,22 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
         optimizer = optimizers.with_training_options(
             optimizers.build(cfg.optimizer, schedule), cfg.trainer.grad_accum_steps,
             loss_scaling=cfg.precision == "mixed_float16",
-            distributed=not data_lib.is_default(strategy))
+            distributed=not data_lib.is_default(strategy),
+            epochs=cfg.trainer.epochs if cfg.mode == "train" else None,
+            steps_per_epoch=data.steps_per_epoch)
         # Build the slots now, inside the scope: a custom loop must not create them while
         # tracing, and restoring a checkpoint needs them to exist.
         optimizer.build(model.trainable_variables)
     tasks.settle(task, model)
-    monitors = Monitors(cfg.trainer, task, history_columns(task.metric_names))
+    monitors = Monitors(cfg.trainer, task)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
     step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch,
-                                     step_in_epoch=step_in_epoch, **monitors.state,
-                                     **rng_states(model))
+    epoch_sums = tf.Variable(tf.zeros([len(task.metrics) + 2], tf.float64), trainable=False,
+                             name="epoch_sums")  # Loop._batch_stats' layout
+    state = {"model": model, "optimizer": optimizer, "epoch": epoch,
+             "step_in_epoch": step_in_epoch, EPOCH_SUMS: epoch_sums, **monitors.state,
+             **rng_states(model)}
+    checkpoint = tf.train.Checkpoint(**state)
     manager = tf.train.CheckpointManager(checkpoint, str(run_dir.checkpoints),
                                          max_to_keep=cfg.trainer.max_checkpoints)
     best = (tf.train.CheckpointManager(checkpoint, str(run_dir.best_checkpoints), max_to_keep=1)
@@ -84,8 +93,14 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
     return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
                       schedule=schedule, task=task,
                       run_dir=run_dir, checkpoint=checkpoint, manager=manager, epoch=epoch,
-                      step_in_epoch=step_in_epoch, monitors=monitors, best_manager=best,
-                      started=started)
+                      step_in_epoch=step_in_epoch, epoch_sums=epoch_sums, monitors=monitors,
+                      best_manager=best, started=started, state=state)
+
+
+def model_state(exp: Experiment) -> dict[str, Any]:
+    """What an evaluation restores from a checkpoint: the model weights and the epoch counter
+    (never the optimizer, whatever it was trained with)."""
+    return {"model": exp.model, "epoch": exp.epoch}
 
 
 def rng_states(model: keras.Model) -> dict[str, list]:
@@ -140,10 +155,27 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     exp.origin = origin
     try:
         return _evaluate(exp) if cfg.mode == "evaluate" else _train(exp)
+    except tf.errors.UnimplementedError as e:
+        if (refusal := _no_deterministic_xla(e, cfg)) is None:
+            raise
+        raise refusal from None
     except multi_worker.PEER_ERRORS as e:
         if not task.multi_worker:
             raise
         raise multi_worker.lost_worker(e, task, exp.manager.latest_checkpoint) from None
+
+
+def _no_deterministic_xla(error: tf.errors.OpError, cfg: DictConfig) -> DistlabError | None:
+    """XLA's refusal of an op without a deterministic implementation (it is raised when the
+    first step compiles, before any update), as one line naming the two keys."""
+    found = re.search(r"[^.:\]\[\n]*do not yet have a deterministic XLA implementation", str(error))
+    if not found:
+        return None
+    return DistlabError(
+        f"loop.jit_compile=true with deterministic=true cannot run this model: XLA has no "
+        f"deterministic version of one of its ops (TensorFlow, whatever the device: "
+        f"\"{found.group(0).strip()}\"). Set deterministic=false or loop.jit_compile=false "
+        f"(loop={cfg.loop.name})")
 
 
 def _results(exp: Experiment, **extra: Any) -> dict[str, Any]:
@@ -178,6 +210,7 @@ def _policy(model: keras.Model, configured: str) -> str:
 
 def _train(exp: Experiment) -> dict[str, Any]:
     initial_epoch, skip_steps = resume(exp)
+    _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     loop = LOOPS.get(exp.cfg.loop.name)(exp)
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
@@ -193,6 +226,7 @@ def _train(exp: Experiment) -> dict[str, Any]:
                          int(exp.epoch.numpy()))
             else:
                 loop.train(initial_epoch, skip_steps)
+            optimizers.apply_leftover_gradients(exp)  # a last, partial accumulation
         except Interrupted:
             exp.run_dir.write_results(_results(
                 exp, status="interrupted", steps_in_epoch=int(exp.step_in_epoch.numpy()),
@@ -215,13 +249,27 @@ def _train(exp: Experiment) -> dict[str, Any]:
     )
 
 
+def _warn_if_nothing_to_learn(exp: Experiment, first_step: int) -> None:
+    """A schedule at 0 for every step still to train (a finished cosine decay with alpha=0,
+    extended) would change nothing: say so instead of training silently."""
+    last_step = exp.cfg.trainer.epochs * exp.data.steps_per_epoch - 1
+    if first_step <= last_step and float(exp.schedule(first_step)) == 0.0 \
+            and float(exp.schedule(last_step)) == 0.0:
+        log.warning("the learning rate is 0 from step %d to the end (schedule=%s): the "
+                    "remaining epochs will not change the model", first_step + 1,
+                    exp.cfg.schedule.name)
+
+
 def _evaluate(exp: Experiment) -> dict[str, Any]:
     if exp.worker.multi_worker:  # the chief's disk holds the checkpoint: restore, broadcast
         prefix = find_checkpoint(exp.cfg.ckpt_path) if exp.worker.is_chief else None
-        multi_worker.restore_from_chief(exp, prefix, lambda p: restore_model(exp, p))
+        multi_worker.restore_from_chief(exp, prefix, lambda p: restore_model(exp, p),
+                                        state=model_state(exp))
     else:
         prefix = find_checkpoint(exp.cfg.ckpt_path)
         restore_model(exp, prefix)
+    if prefix:
+        _warn_if_other_precision(exp, prefix)
     test = LOOPS.get(exp.cfg.loop.name)(exp).evaluate()
     log.info("restored %s: %s", prefix or "the chief's checkpoint", _figures(test))
     return _results(exp, **test, checkpoint=prefix, train_examples_per_sec=None,
@@ -232,15 +280,11 @@ def _evaluate(exp: Experiment) -> dict[str, Any]:
 def objective(name: str | None, task: tasks.Task,
               best_maximizes: bool | None = None) -> dict[str, str]:
     """results.json's `objective` (the field sweepers get: `name`, else the task's first
-    metric) and `objective_direction` (maximize or minimize): task metrics their own way,
-    times (`*_s`) and epochs to target down, `best_value` as its metric."""
-    field = name or (f"test_{task.metrics[0].name}" if task.metrics else "test_loss")
-    higher: dict[str, bool | None] = {  # the task's test fields, as the monitors rank them
-        f"test_{m}": direction(m, "auto", task) == "max" for m in ("loss", *task.metric_names)}
-    higher.update(best_value=best_maximizes, epochs_to_target=False)
-    maximize = higher.get(field)
-    if maximize is None:
-        maximize = not (field.endswith("_s") or "loss" in field or "error" in field)
+    metric) and `objective_direction` (`distlab.objective.maximizes`: task metrics their own
+    way, times and epochs to target down, `best_value` as its metric)."""
+    higher = {m.name: m.higher_is_better for m in task.metrics}
+    field = objective_field(name, task.metric_names)
+    maximize = maximizes(field, higher, best_maximizes)
     return {"objective": field, "objective_direction": "maximize" if maximize else "minimize"}
 
 
@@ -256,11 +300,27 @@ TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",
 def trained_with(prefix: str) -> dict[str, Any] | None:
     """How the checkpoint was trained, from its run dir's results.json (None if not there).
     In an evaluation's results.json the top-level batch fields are the evaluation's own."""
+    trained = _run_dir_of(prefix).read_results()
+    return {k: trained.get(k) for k in TRAINED_FIELDS} if trained else None
+
+
+def _run_dir_of(prefix: str) -> RunDir:
     run_dir = Path(prefix).parent.parent  # <run dir>/checkpoints/ckpt-N
     if run_dir.name == "checkpoints":  # <run dir>/checkpoints/best/ckpt-N
         run_dir = run_dir.parent
-    trained = RunDir(run_dir).read_results()
-    return {k: trained.get(k) for k in TRAINED_FIELDS} if trained else None
+    return RunDir(run_dir)
+
+
+def _warn_if_other_precision(exp: Experiment, prefix: str) -> None:
+    """An evaluation in another precision than the checkpoint was trained in does not
+    reproduce its figures: say so, with the override that does."""
+    started = _run_dir_of(prefix).started_config() or {}
+    trained = started.get("precision")
+    if trained and trained != exp.cfg.precision:
+        log.warning("%s was trained with precision=%s and is evaluated with precision=%s, "
+                    "which moves its figures by that precision's rounding; add "
+                    "precision=%s to reproduce them", prefix, trained, exp.cfg.precision,
+                    trained)
 
 
 def resume(exp: Experiment) -> tuple[int, int]:
@@ -268,7 +328,17 @@ def resume(exp: Experiment) -> tuple[int, int]:
     latest = exp.manager.latest_checkpoint if exp.worker.is_chief else None
 
     def restore(prefix: str) -> None:
-        _restore(exp.checkpoint, prefix, exp, what="resume from")
+        if _holds(prefix, EPOCH_SUMS):
+            _restore(exp.checkpoint, prefix, exp, what="resume from")
+            return
+        # written before checkpoints kept the epoch's running sums: the rest of its state
+        state = {k: v for k, v in exp.state.items() if k != EPOCH_SUMS}
+        _restore(tf.train.Checkpoint(**state), prefix, exp, what="resume from")
+        if int(exp.step_in_epoch.numpy()):
+            log.warning("%s predates the epoch sums in checkpoints: the history row of epoch "
+                        "%d (which the target, early stopping and best checkpoint read) "
+                        "covers only its steps after step %d", prefix,
+                        int(exp.epoch.numpy()) + 1, int(exp.step_in_epoch.numpy()))
 
     if exp.worker.multi_worker:  # only the chief's disk need hold the run dir
         multi_worker.restore_from_chief(exp, latest, restore)
@@ -283,10 +353,28 @@ def resume(exp: Experiment) -> tuple[int, int]:
     return epoch, step
 
 
+def _holds(prefix: str, name: str) -> bool:
+    """Whether checkpoint `prefix` saved an object `name` at its root (True when it cannot be
+    read: restoring it reports why)."""
+    try:
+        return any(key.split("/")[0] == name for key, _ in tf.train.list_variables(prefix))
+    except (tf.errors.OpError, ValueError):
+        return True
+
+
 def restore_model(exp: Experiment, prefix: str) -> None:
-    """Restore the model weights (and counters) of `prefix`, checking they fit the model."""
-    checkpoint = tf.train.Checkpoint(model=exp.model, epoch=exp.epoch)
-    _restore(checkpoint, prefix, exp, what="restore", partial=True)
+    """Restore the model weights (and epoch counter) of `prefix`, checking they fit the model.
+
+    Only those: they are restored into a twin of the model (same builder, outside any
+    strategy scope), then copied. Restored into exp.model itself, the checkpoint's other
+    objects under it would stay pending there: a `loop=keras_fit` checkpoint also holds
+    model.optimizer (compile attaches it), which TensorFlow would restore into the optimizer a
+    later compile attaches, this config's (other slots or shapes: an error)."""
+    twin = models.build(exp.cfg.model, exp.data.input_shape, exp.data.outputs)
+    _restore(tf.train.Checkpoint(**{**model_state(exp), "model": twin}), prefix, exp,
+             what="restore", partial=True)
+    for variable, value in zip(exp.model.variables, twin.variables, strict=True):
+        variable.assign(value)
 
 
 def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what: str,
@@ -316,7 +404,7 @@ def _restore(checkpoint: tf.train.Checkpoint, prefix: str, exp: Experiment, what
 def _mismatch(error: BaseException) -> str:
     """TF's mismatch message without the variables' values it lists."""
     text = first_line(error)
-    return text.split(": [<", 1)[0].split(". Showing", 1)[0]
+    return text.split(": [<", 1)[0].split(". Showing", 1)[0].rstrip(".")
 
 
 def export_and_check(exp: Experiment) -> dict[str, Any]:

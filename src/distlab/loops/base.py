@@ -11,10 +11,12 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
@@ -47,6 +49,9 @@ class Experiment:
     manager: tf.train.CheckpointManager
     epoch: tf.Variable  # epochs completed, saved in every checkpoint
     step_in_epoch: tf.Variable  # steps done in epoch `epoch` (non-zero after a preemption)
+    # the running sums of those steps (Loop._batch_stats' layout: loss, metrics..., count;
+    # float64), so a run resumed mid-epoch records the whole epoch
+    epoch_sums: tf.Variable
     monitors: Monitors  # target, early stopping, best checkpoint (state in the checkpoint)
     best_manager: tf.train.CheckpointManager | None = None  # checkpoints/best/
     started: float = field(default_factory=time.time)
@@ -54,6 +59,9 @@ class Experiment:
     stop: StopRequest = field(default_factory=StopRequest)
     worker: Worker = field(default_factory=Worker)  # this process in a multi-worker cluster
     preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
+    # what every checkpoint holds, by name: `checkpoint` is tf.train.Checkpoint(**state), and a
+    # multi-worker resume broadcasts these from the chief (multi_worker.restore_from_chief)
+    state: dict[str, Any] = field(default_factory=dict)
 
     def learning_rate_at_epoch(self, epoch: int) -> float:
         """The learning rate of the first step of `epoch` (0-based)."""
@@ -64,11 +72,17 @@ class NonFiniteLoss(DistlabError):
     """Training produced a NaN or Inf loss."""
 
 
-def save_checkpoint(exp: Experiment, epochs_done: int, steps_in_epoch: int) -> str:
-    """ckpt-<training step>, holding model, optimizer, epoch and step-in-epoch counters (the
-    step counts batches: micro-batches under trainer.grad_accum_steps)."""
+def save_checkpoint(exp: Experiment, epochs_done: int, steps_in_epoch: int,
+                    sums: np.ndarray | None = None) -> str:
+    """ckpt-<training step>, holding `exp.state`: model, optimizer, the epoch and step-in-epoch
+    counters and, mid-epoch, the epoch's running `sums` (the step counts batches:
+    micro-batches under trainer.grad_accum_steps)."""
     exp.epoch.assign(epochs_done)
     exp.step_in_epoch.assign(steps_in_epoch)
+    if steps_in_epoch and sums is not None:
+        exp.epoch_sums.assign(sums)
+    else:  # an epoch boundary (or a loop that keeps no sums)
+        exp.epoch_sums.assign(tf.zeros_like(exp.epoch_sums))
     step = epochs_done * exp.data.steps_per_epoch + steps_in_epoch
     return exp.manager.save(checkpoint_number=step)
 
@@ -76,8 +90,12 @@ def save_checkpoint(exp: Experiment, epochs_done: int, steps_in_epoch: int) -> s
 class Controller:
     """Per-epoch bookkeeping shared by `keras_fit` and `custom`."""
 
-    def __init__(self, exp: Experiment) -> None:
+    def __init__(self, exp: Experiment,
+                 sums: Callable[[], np.ndarray | None] | None = None) -> None:
+        """`sums()`: the loop's running sums of the current epoch (resumed steps included),
+        saved in a mid-epoch checkpoint."""
         self.exp = exp
+        self.sums = sums
         self.epochs: list[dict[str, Any]] = []
         self.intervals: list[Interval] = []  # timed training steps, for steady_state
         self.first_step_at: float | None = None
@@ -89,6 +107,9 @@ class Controller:
                          "validation": tf.summary.create_file_writer(str(logs / "validation"))}
         self._profile = list(exp.cfg.trainer.profile_steps or [])  # [first, last], 1-based
         self._profiling = False
+        # run-wide steps done before this process trains: built after the resume
+        self._resumed_at = (int(exp.epoch.numpy()) * exp.data.steps_per_epoch
+                            + int(exp.step_in_epoch.numpy()))
 
     @property
     def finished(self) -> bool:
@@ -147,6 +168,10 @@ class Controller:
         if self._profiling:
             tf.profiler.experimental.stop()
             self._profiling, self._profile = False, []
+        elif self._profile and self._profile[1] <= self._resumed_at:
+            log.info("trainer.profile_steps=%s: those steps ran before this process resumed "
+                     "the run (at step %d); no trace written now", self._profile,
+                     self._resumed_at)
         elif self._profile:
             log.warning("trainer.profile_steps=%s: training ended before those steps; no "
                         "trace written", self._profile)
@@ -165,8 +190,10 @@ class Controller:
                 self.exp.stop.signum)
 
     def save_here(self) -> str:
-        """A checkpoint at the current step boundary."""
-        return save_checkpoint(self.exp, *self._position)
+        """A checkpoint at the current step boundary (mid-epoch: with the epoch's sums)."""
+        epochs_done, steps = self._position
+        sums = self.sums() if steps and self.sums is not None else None
+        return save_checkpoint(self.exp, epochs_done, steps, sums)
 
     def preempted(self, path: str) -> None:
         """Every worker saved `path` at the same step after a SIGTERM to one of them."""
@@ -249,7 +276,7 @@ class Loop:
 
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
-        self.controller = Controller(exp)
+        self.controller = Controller(exp, sums=self.running_sums)
         self.loss_fn = exp.task.loss
         if exp.cfg.loop.jit_compile:
             self._test_step = tf.function(self._test_step, jit_compile=True)
@@ -259,6 +286,19 @@ class Loop:
         """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
         steps of `initial_epoch` (a run resumed mid-epoch)."""
         raise NotImplementedError
+
+    def running_sums(self) -> np.ndarray | None:
+        """The summed batch stats (loss, metrics..., count) of the current epoch so far,
+        including the steps before a mid-epoch resume: what a mid-epoch checkpoint keeps.
+        A loop that keeps no sums returns None (its resumed epoch's row then covers only the
+        steps after the resume)."""
+        return None
+
+    def resumed_sums(self, steps_done: int) -> np.ndarray:
+        """The sums of the epoch's first `steps_done` steps: the checkpoint's, or zeros."""
+        if steps_done:
+            return self.exp.epoch_sums.numpy().astype(np.float64)
+        return np.zeros(self.num_stats)
 
     def evaluate(self) -> dict[str, float]:
         """{"test_loss", "test_<metric>"...} on the test split under the current strategy:

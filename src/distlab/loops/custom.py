@@ -26,6 +26,10 @@ class CustomLoop(Loop):
         if exp.cfg.loop.jit_compile:  # XLA per replica step; strategy.run stays outside it
             self._train_step = tf.function(self._train_step, jit_compile=True)
         self._train_n = tf.function(self._train_n_steps)
+        self._totals = np.zeros(self.num_stats)  # the current epoch's running sums
+
+    def running_sums(self) -> np.ndarray:
+        return self._totals.copy()
 
     # ---- replica function: returns [sum of per-example loss, metric sums..., count]
     def _train_step(self, features, labels, weights):
@@ -66,17 +70,20 @@ class CustomLoop(Loop):
                                       stateful_metrics=[*names, "examples/sec"])
             start = time.time()
             self.controller.epoch_begin(epoch, done)
-            totals = np.zeros(self.num_stats)
+            resumed = self.resumed_sums(done)  # the steps before a mid-epoch resume
+            self._totals = resumed.copy()
             while done < steps:
                 n = min(per_call, steps - done)
                 chunk = self._train_n(iterator, tf.constant(n, tf.int64)).numpy()
-                totals += chunk
+                self._totals += chunk
                 done += n
                 self.controller.step_end(epoch, done, float(chunk[0]))
-                bar.update(done, [*self.means(totals).items(),
-                                  ("examples/sec", totals[-1] / (time.time() - start))])
+                examples = self._totals[-1] - resumed[-1]  # this process's own
+                bar.update(done, [*self.means(self._totals).items(),
+                                  ("examples/sec", examples / (time.time() - start))])
             train_seconds = time.time() - start
-            metrics = self.with_validation(epoch, self.means(totals))
+            metrics = self.with_validation(epoch, self.means(self._totals))
+            self._totals = np.zeros(self.num_stats)
             self.controller.epoch_end(epoch, metrics, time.time() - start, train_seconds,
                                       steps_run=done - first)
             if self.controller.finished:  # target reached (with stop), or early stopping

@@ -3,9 +3,12 @@
 fit gets the same per-replica rows and weights as the custom loop (`distlab.data.
 distribute`): the compiled loss weighs the rows so a short batch averages over its real
 examples, and the history's loss and task metrics are Keras metrics over the real rows
-only. Every epoch runs exactly `steps_per_epoch` steps whatever `loop.steps_per_execution`
-is: when the block size does not divide the epoch, each epoch is a fit of its own over
-exactly its own batches, so Keras' last block of the epoch stops where the data does.
+only (summed in float64, like the custom loop's). A run resumed mid-epoch adds the
+checkpoint's sums of the epoch's first steps to those metrics' totals, so its row covers
+the whole epoch. Every epoch runs exactly `steps_per_epoch` steps whatever
+`loop.steps_per_execution` is: when the block size does not divide the epoch, each epoch is
+a fit of its own over exactly its own batches, so Keras' last block of the epoch stops where
+the data does.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from distlab import keras_fixes
@@ -21,7 +25,8 @@ from distlab.loops.base import Loop
 
 
 class RealExamplesMean(keras.metrics.MeanMetricWrapper):
-    """The mean of `fn` over real rows: a sample weight > 0 counts 1, padding (0) counts 0."""
+    """The mean of `fn` over real rows: a sample weight > 0 counts 1, padding (0) counts 0.
+    Its `total` and `count` are the sums `Loop._batch_stats` makes."""
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
@@ -48,14 +53,10 @@ class _EpochCallback(keras.callbacks.Callback):
         self.loop.controller.step_end(self._epoch, self.skip_steps + self._steps, loss)
 
     def on_epoch_end(self, epoch, logs=None):
-        logs = logs if logs is not None else {}
         train_end = time.time()
-        task = self.loop.exp.task
-        metrics = {"loss": logs.get("example_loss")}
-        for metric in task.metrics:
-            value = logs.get(metric.name)
-            metrics[metric.name] = None if value is None else float(metric.finalize(value))
-        metrics = self.loop.with_validation(epoch, metrics)
+        # the whole epoch's figures: a resumed epoch's earlier steps included
+        metrics = self.loop.with_validation(epoch, self.loop.means(self.loop.running_sums()))
+        self.loop.resumed = np.zeros(self.loop.num_stats)
         self.loop.controller.epoch_end(epoch, metrics, time.time() - self._epoch_start,
                                        train_end - self._epoch_start, self._steps)
         self.skip_steps = 0
@@ -81,21 +82,31 @@ class KerasFitLoop(Loop):
                 "corrects only for the Keras versions it was checked with. Use "
                 "loop.steps_per_execution=1, or loop=custom with loop.steps_per_loop")
         task = exp.task
+        self.resumed = np.zeros(self.num_stats)  # sums of the steps before a mid-epoch resume
         with exp.strategy.scope():
+            # float64 sums, as Loop._batch_stats: a resumed epoch adds up to the same figures
+            self._metrics = [RealExamplesMean(task.loss, name="example_loss", dtype="float64"),
+                             *(RealExamplesMean(m.per_example, name=m.name, dtype="float64")
+                               for m in task.metrics)]
             exp.model.compile(
                 optimizer=exp.optimizer,
                 loss=task.loss,  # per example; Keras weighs and averages it
-                weighted_metrics=[
-                    *(RealExamplesMean(m.per_example, name=m.name) for m in task.metrics),
-                    RealExamplesMean(task.loss, name="example_loss"),
-                ],
+                weighted_metrics=[*self._metrics[1:], self._metrics[0]],
                 steps_per_execution=cfg.loop.steps_per_execution,
                 jit_compile=cfg.loop.jit_compile,
             )
 
+    def running_sums(self) -> np.ndarray:
+        """The epoch's sums so far: the resumed part plus the compiled metrics' totals (the
+        fit resets them each epoch), read across replicas (and workers: every worker reads)."""
+        loss = self._metrics[0]
+        fit = [loss.total, *(m.total for m in self._metrics[1:]), loss.count]
+        return self.resumed + np.array([float(v.numpy()) for v in fit])
+
     def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
         epochs, steps = self.exp.cfg.trainer.epochs, self.exp.data.steps_per_epoch
         block = self.exp.cfg.loop.steps_per_execution
+        self.resumed = self.resumed_sums(skip_steps)
         if skip_steps:  # resumed mid-epoch: finish that epoch first, in a fit of its own
             self._fit(initial_epoch, initial_epoch + 1, skip_steps)
             initial_epoch += 1

@@ -38,13 +38,15 @@ class DistlabOptunaSweeper(OptunaSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
+        from distlab.objective import direction, task_metrics
+
         self._config = config
         impl = self.sweeper
+        job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+        higher = task_metrics(job_cfg)
         if str(getattr(impl.direction, "name", impl.direction)) == AUTO:
-            from distlab.objective import direction, task_metrics
-
-            job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
-            impl.direction = direction(job_cfg, task_metrics(job_cfg))
+            impl.direction = direction(job_cfg, higher)
+        self._advice = _advice(job_cfg, higher)
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self._field = _objective_field(config)
         self._no_value = 0
@@ -74,8 +76,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
 
         if self._no_value:
             log.error("search failed: no trial gave a value for %s (%d job(s) completed "
-                      "without one; with a target, it was never reached: lower "
-                      "trainer.target.value or train longer)", self._field, self._no_value)
+                      "without one; %s)", self._field, self._no_value, self._advice)
         SweepSummary().on_multirun_end(self._config)  # failed jobs: this exits 1
         raise SystemExit(1)
 
@@ -90,6 +91,19 @@ def _job_completed(ret: Any) -> bool:
     except Exception:  # noqa: BLE001 - no readable results: not a completed job
         return False
     return bool(results) and results.get("status") == "completed"
+
+
+def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
+    """What to change when no trial gave a value: with a target, the way that reaches it."""
+    from distlab.objective import metric_direction
+
+    target = job_cfg.trainer.target
+    if target.metric is None:
+        return "see the jobs' results.json for the missing field"
+    way = metric_direction(target.metric, target.mode, higher)
+    return (f"the target {target.metric} {'>=' if way == 'max' else '<='} {target.value} was "
+            f"never reached: {'lower' if way == 'max' else 'raise'} trainer.target.value or "
+            "train longer")
 
 
 def _objective_field(config: DictConfig) -> str:

@@ -1,0 +1,257 @@
+"""Issue 18: a run resumed mid-epoch records the whole epoch (history row, monitors); the
+profiler after a resume; evaluation restores the model only, whatever it was trained with."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, fast_overrides, run_cli
+
+# the per-epoch figures; seconds, examples_per_sec etc. are this process's own
+FIGURES = ("learning_rate", "loss", "accuracy", "val_loss", "val_accuracy")
+SMALL = ("model=mlp", "model.hidden_units=[32]", "model.dropout=0.2", "deterministic=true",
+         "seed=7", "trainer.checkpoint_every=1")
+
+
+def _history(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "history.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _results(run_dir: Path) -> dict:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _same_rows(resumed: Path, uninterrupted: Path) -> None:
+    rows, wanted = _history(resumed), _history(uninterrupted)
+    assert [r["epoch"] for r in rows] == [r["epoch"] for r in wanted]
+    for row, want in zip(rows, wanted, strict=True):
+        for key in FIGURES:  # to 1e-6, and to 6 digits (small losses, 6-digit csv)
+            value, expected = float(row[key]), float(want[key])
+            assert value == pytest.approx(expected, abs=1e-6), (row, key)
+            assert value == pytest.approx(expected, rel=2e-6, abs=1e-12), (row, key)
+
+
+def _stop_at(monkeypatch, epoch: int, step: int) -> None:
+    """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
+    from distlab.loops.base import Controller
+
+    original = Controller.step_end
+
+    def step_end(self, e, steps_done, loss):
+        if (e, steps_done) == (epoch, step):
+            self.exp.stop.signum = signal.SIGTERM
+        original(self, e, steps_done, loss)
+
+    monkeypatch.setattr(Controller, "step_end", step_end)
+
+
+def _record_rows(monkeypatch) -> list[dict]:
+    """The rows the Controller makes from now on (with the fields history.csv leaves out)."""
+    from distlab.loops.base import Controller
+
+    rows: list[dict] = []
+    original = Controller.epoch_end
+
+    def epoch_end(self, *args, **kwargs):
+        rows.append(original(self, *args, **kwargs))
+        return rows[-1]
+
+    monkeypatch.setattr(Controller, "epoch_end", epoch_end)
+    return rows
+
+
+# ---- item 2: the resumed epoch's row covers the whole epoch
+@pytest.mark.parametrize("loop,options,stop", [
+    ("custom", ("strategy=default",), 5),
+    ("keras_fit", ("strategy=default",), 5),
+    ("custom", ("strategy=default", "loop.steps_per_loop=3"), 6),  # stops at block ends
+    ("keras_fit", ("strategy=default", "loop.steps_per_execution=3"), 6),
+    pytest.param("keras_fit", ("strategy.cpu_devices=2",), 5, marks=pytest.mark.slow),
+    pytest.param("custom", ("strategy.cpu_devices=2",), 5, marks=pytest.mark.slow),
+], ids=["custom", "keras_fit", "custom-steps_per_loop", "keras_fit-steps_per_execution",
+        "keras_fit-2replicas", "custom-2replicas"])
+def test_resumed_epoch_row_equals_the_uninterrupted_one(loop, options, stop, run_inprocess,
+                                                        monkeypatch, tmp_path, caplog):
+    args = (f"loop={loop}", *options, *SMALL, "trainer.steps_per_epoch=12",
+            "trainer.best_checkpoint.metric=accuracy")
+    whole = run_inprocess(*args, out=tmp_path / "a")
+
+    _stop_at(monkeypatch, epoch=1, step=stop)
+    with pytest.raises(SystemExit) as stopped:
+        run_inprocess(*args, out=tmp_path / "b")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert _results(tmp_path / "b")["steps_in_epoch"] == stop
+    monkeypatch.undo()
+    rows = _record_rows(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="distlab"):
+        resumed = run_inprocess(*args, out=tmp_path / "b")
+
+    assert f"{stop} step(s) into the next" in caplog.text
+    _same_rows(tmp_path / "b", tmp_path / "a")
+    for key in ("test_loss", "best_value", "best_epoch"):
+        assert resumed[key] == pytest.approx(whole[key], abs=1e-6), key
+    # its throughput still counts only the steps this process ran: the rest of epoch 2
+    assert [r["epoch"] for r in rows] == [2]
+    assert rows[0]["examples"] == (12 - stop) * resumed["global_batch_size"]
+    assert rows[0]["examples_per_sec"] == pytest.approx(
+        rows[0]["examples"] / rows[0]["train_seconds"])
+
+
+def test_checkpoint_without_epoch_sums_still_resumes(run_inprocess, monkeypatch, tmp_path,
+                                                     caplog):
+    """A mid-epoch checkpoint written before checkpoints kept the epoch's sums resumes, with
+    one warning that its epoch's row covers only the steps after the resume."""
+    from distlab import runner
+
+    args = ("loop=custom", "strategy=default", *SMALL, "trainer.steps_per_epoch=6")
+    monkeypatch.setattr(runner, "EPOCH_SUMS", "some_other_name")  # not saved as epoch_sums
+    _stop_at(monkeypatch, epoch=1, step=2)
+    with pytest.raises(SystemExit):
+        run_inprocess(*args, out=tmp_path / "r")
+    monkeypatch.undo()
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        assert run_inprocess(*args, out=tmp_path / "r")["epochs_completed"] == 2
+    warned = [r.getMessage() for r in caplog.records if "predates" in r.getMessage()]
+    assert len(warned) == 1 and "epoch 2" in warned[0] and "after step 2" in warned[0]
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
+def test_sigterm_mid_epoch_then_rerun_matches_the_uninterrupted_run(loop, tiny_data_dir,
+                                                                    tmp_path):
+    target = "trainer.target.metric=accuracy"
+    args = [*fast_overrides(tiny_data_dir), f"loop={loop}", "strategy=default", *SMALL,
+            "trainer.steps_per_epoch=300", target, "trainer.target.value=0.5"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    out = run_cli(*args, f"hydra.run.dir={a}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+
+    proc = _start(*args, f"hydra.run.dir={b}")
+    try:
+        deadline = time.time() + 180
+        while not (b / "history.csv").exists() or len(_history(b)) < 1:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.time() < deadline, "timed out waiting for epoch 1"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert _results(b)["steps_in_epoch"] > 0, "the signal did not land mid-epoch 2"
+    out = run_cli(*args, f"hydra.run.dir={b}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    _same_rows(b, a)
+    for key in ("test_loss", "epochs_to_target"):
+        assert _results(b)[key] == pytest.approx(_results(a)[key], abs=1e-6), key
+
+
+# ---- item 15: the profiler after a resume
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_profile_steps_before_the_resume_point_are_not_reported_missed(loop, run_inprocess,
+                                                                       tmp_path, caplog):
+    args = (f"loop={loop}", "strategy=default", "trainer.steps_per_epoch=4",
+            "trainer.validate_every=0", "trainer.profile_steps=[2,3]")
+    run_inprocess(*args, "trainer.epochs=1", out=tmp_path / "r")
+    with caplog.at_level(logging.INFO, logger="distlab"):
+        run_inprocess(*args, "trainer.epochs=2", out=tmp_path / "r")  # resumes at step 4
+    messages = [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("trainer.profile_steps")]
+    assert not [m for m in messages if "training ended before" in m], messages
+    assert len(messages) == 1 and "before this process resumed" in messages[0], messages
+
+
+def test_profile_steps_never_reached_still_warn(run_inprocess, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        run_inprocess("loop=custom", "strategy=default", "trainer.epochs=1",
+                      "trainer.steps_per_epoch=3", "trainer.validate_every=0",
+                      "trainer.profile_steps=[5,6]", out=tmp_path / "r")
+    assert any("training ended before those steps" in r.getMessage() for r in caplog.records)
+
+
+# ---- item 7: evaluation restores the model only
+EVAL = ("strategy=default", "trainer.epochs=1", "trainer.validate_every=0")
+
+
+@pytest.mark.parametrize("trained_with,steps,loop,evaluated_with,tolerance", [
+    ("optimizer=sgd", 3, "keras_fit", "optimizer=adam", 1e-6),
+    ("optimizer=sgd", 3, "custom", "optimizer=adam", 1e-6),
+    ("trainer.grad_accum_steps=4", 6, "keras_fit", "trainer.grad_accum_steps=1", 1e-6),
+    # float16 kernels are slow on CPUs: 2 steps. Evaluated in float32, the loss moves by
+    # float16's rounding (~1e-3 relative)
+    ("precision=mixed_float16", 2, "keras_fit", "precision=float32", 3e-3),
+    ("precision=mixed_float16", 2, "keras_fit", "precision=mixed_float16", 1e-6),
+])
+def test_evaluate_restores_only_the_model(trained_with, steps, loop, evaluated_with, tolerance,
+                                          run_inprocess, tmp_path, caplog):
+    trained = run_inprocess("loop=keras_fit", *EVAL, trained_with,
+                            f"trainer.steps_per_epoch={steps}", out=tmp_path / "train")
+    caplog.clear()
+    evaluated = run_inprocess(f"loop={loop}", *EVAL, "mode=evaluate", evaluated_with,
+                              f"ckpt_path={tmp_path / 'train'}", out=tmp_path / "eval")
+    assert evaluated["trained"]["epochs_completed"] == 1
+    other_precision = [r.getMessage() for r in caplog.records
+                       if "is evaluated with precision" in r.getMessage()]
+    if evaluated_with == "precision=float32":  # says so, with the override that reproduces
+        assert len(other_precision) == 1 and "add precision=mixed_float16" in other_precision[0]
+    else:
+        assert not other_precision
+    for key in ("test_loss", "test_accuracy"):
+        assert evaluated[key] == pytest.approx(trained[key], rel=tolerance, abs=1e-6), key
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_workers_evaluate_a_checkpoint_of_another_optimizer(tiny_data_dir, tmp_path):
+    from test_multiworker import _run_cluster
+
+    train = tmp_path / "train"
+    out = run_cli(*fast_overrides(tiny_data_dir), "optimizer=sgd", "trainer.epochs=1",
+                  "trainer.steps_per_epoch=3", "trainer.validate_every=0",
+                  "strategy.cpu_devices=2", f"hydra.run.dir={train}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    _run_cluster(tmp_path / "eval", *fast_overrides(tiny_data_dir), "loop=keras_fit",
+                 "mode=evaluate", f"ckpt_path={train}")
+    evaluated = _results(tmp_path / "eval" / "W0")
+    assert evaluated["num_replicas"] == 2
+    assert evaluated["test_loss"] == pytest.approx(_results(train)["test_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_workers_preempted_mid_epoch_record_the_whole_epoch(tiny_data_dir, tmp_path):
+    """keras_fit across 2 workers: the preemption save reads the epoch's metric sums on every
+    worker; the resumed row equals one process's with 2 replicas."""
+    from test_multiworker import _cluster, _finish, _run_cluster, _wait_rows
+
+    args = (*fast_overrides(tiny_data_dir), "loop=keras_fit", "trainer.epochs=2",
+            "trainer.steps_per_epoch=100", "deterministic=true", "seed=5")
+    out = run_cli(*args, "strategy.cpu_devices=2", f"hydra.run.dir={tmp_path / 'one'}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    procs, _ = _cluster(tmp_path, *args)
+    _wait_rows(procs, tmp_path / "W0", 1)
+    time.sleep(0.3)  # into epoch 2
+    procs[1].send_signal(signal.SIGTERM)
+    for proc in procs:
+        output = _finish(proc)
+        assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert _results(tmp_path / "W0")["steps_in_epoch"] > 0, "not stopped mid-epoch 2"
+    _run_cluster(tmp_path, *args)
+    _same_rows(tmp_path / "W0", tmp_path / "one")

@@ -138,14 +138,18 @@ def compose(overrides: list[str]):
 
 @pytest.fixture
 def run_inprocess(tiny_data_dir, tmp_path):
-    """Run distlab in this process; return the run's results.json as a dict."""
+    """Run distlab in this process; return the run's results.json as a dict (a run that did
+    not complete raises SystemExit with its status, as the command exits)."""
     import distlab
 
     counter = iter(range(1000))
 
     def _run(*overrides: str, out: Path | None = None) -> dict:
         out = out or tmp_path / f"run{next(counter)}"
-        distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)), output_dir=out)
+        results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),
+                              output_dir=out)
+        if results.exit_code:  # as the `distlab` command ends a single run
+            raise SystemExit(results.exit_code)
         return json.loads((out / "results.json").read_text())
 
     return _run
@@ -156,3 +160,19 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
     """`python run.py ARGS` from the repository root."""
     return subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def stop_at(monkeypatch, epoch: int, step: int) -> None:
+    """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
+    import signal
+
+    from distlab.loops.base import Controller
+
+    original = Controller.step_end
+
+    def step_end(self, e, steps_done, loss):
+        if (e, steps_done) == (epoch, step):
+            self.exp.stop.signum = signal.SIGTERM
+        original(self, e, steps_done, loss)
+
+    monkeypatch.setattr(Controller, "step_end", step_end)

@@ -58,22 +58,7 @@ def test_concurrent_writers_decode_once_and_read_the_same_entry(tmp_path):
 
     ds = tf.data.Dataset.range(50).map(
         lambda x: tf.py_function(slow_decode, [x], tf.int64))
-    results: list[list[int]] = []
-    errors: list[BaseException] = []
-
-    def job():
-        try:
-            cached = data_cache.cached(ds, tmp_path, "entry-abc")
-            results.append([int(v) for v in cached.as_numpy_iterator()])
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=job) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors
+    results = _read_concurrently(ds, tmp_path, "entry-abc")
     assert len(calls) == 50  # decoded by one writer; the others waited for its entry
     assert all(sorted(r) == list(np.arange(50) * 2) for r in results) and len(results) == 3
     assert _entries(tmp_path) == ["entry-abc"]  # no temporary directory left
@@ -191,21 +176,27 @@ def test_concurrent_readers_of_a_damaged_entry_rebuild_it_once(tmp_path, caplog)
     data_cache.cached(ds, tmp_path, "entry-abc")
     os.truncate(_shard(tmp_path / "entry-abc"), 100)
     calls.clear()
+    results = _read_concurrently(ds, tmp_path, "entry-abc")
+    assert len(calls) == 50 and len(_cache_warnings(caplog)) == 1  # one job rebuilt it
+    assert all(r == list(range(0, 100, 2)) for r in results)
+    assert _entries(tmp_path) == ["entry-abc"]
+
+
+def _read_concurrently(ds, root, name: str, jobs: int = 3) -> list[list[int]]:
+    """`jobs` threads each read `ds` through the cache entry root/name; their values."""
     results: list[list[int]] = []
     errors: list[BaseException] = []
 
     def job():
         try:
-            results.append(list(data_cache.cached(ds, tmp_path, "entry-abc").as_numpy_iterator()))
+            results.append([int(v) for v in data_cache.cached(ds, root, name).as_numpy_iterator()])
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=job) for _ in range(3)]
+    threads = [threading.Thread(target=job) for _ in range(jobs)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert not errors and len(results) == 3
-    assert len(calls) == 50 and len(_cache_warnings(caplog)) == 1  # one job rebuilt it
-    assert all(r == list(range(0, 100, 2)) for r in results)
-    assert _entries(tmp_path) == ["entry-abc"]
+    assert not errors and len(results) == jobs, errors
+    return results

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import stop_at
 
 # SGD with momentum at a constant rate; clipnorm small enough to clip every step
 SGD = ("optimizer=sgd", "optimizer.learning_rate=0.1", "optimizer.momentum=0.9",
@@ -38,20 +38,6 @@ def _weights(run_dir: Path) -> dict[str, np.ndarray]:
 def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     assert a.keys() == b.keys() and a
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
-
-def _stop_at(monkeypatch, epoch: int, step: int) -> None:
-    """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
-    from distlab.loops.base import Controller
-
-    original = Controller.step_end
-
-    def step_end(self, e, steps_done, loss):
-        if (e, steps_done) == (epoch, step):
-            self.exp.stop.signum = signal.SIGTERM
-        original(self, e, steps_done, loss)
-
-    monkeypatch.setattr(Controller, "step_end", step_end)
 
 
 # ---- item 6: clipping after the cross-replica sum (optimizer level, fast)
@@ -211,7 +197,7 @@ def test_leftover_update_survives_a_stop_and_an_extension(loop, replicas, run_in
     uninterrupted = run_inprocess(*common, "trainer.epochs=1", out=tmp_path / "a")
     weights = _weights(tmp_path / "a")
     for name, step in (("mid", 9), ("end", 10)):  # 1 micro-batch pending; all 10 done
-        _stop_at(monkeypatch, epoch=0, step=step)
+        stop_at(monkeypatch, epoch=0, step=step)
         with pytest.raises(SystemExit):
             run_inprocess(*common, "trainer.epochs=1", out=tmp_path / name)
         monkeypatch.undo()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides, run_cli
+from conftest import ROOT, fast_overrides, run_cli, stop_at
 
 # the per-epoch figures; seconds, examples_per_sec etc. are this process's own
 FIGURES = ("learning_rate", "loss", "accuracy", "val_loss", "val_accuracy")
@@ -38,20 +38,6 @@ def _same_rows(resumed: Path, uninterrupted: Path) -> None:
             value, expected = float(row[key]), float(want[key])
             assert value == pytest.approx(expected, abs=1e-6), (row, key)
             assert value == pytest.approx(expected, rel=2e-6, abs=1e-12), (row, key)
-
-
-def _stop_at(monkeypatch, epoch: int, step: int) -> None:
-    """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
-    from distlab.loops.base import Controller
-
-    original = Controller.step_end
-
-    def step_end(self, e, steps_done, loss):
-        if (e, steps_done) == (epoch, step):
-            self.exp.stop.signum = signal.SIGTERM
-        original(self, e, steps_done, loss)
-
-    monkeypatch.setattr(Controller, "step_end", step_end)
 
 
 def _record_rows(monkeypatch) -> list[dict]:
@@ -85,7 +71,7 @@ def test_resumed_epoch_row_equals_the_uninterrupted_one(loop, options, stop, run
             "trainer.best_checkpoint.metric=accuracy")
     whole = run_inprocess(*args, out=tmp_path / "a")
 
-    _stop_at(monkeypatch, epoch=1, step=stop)
+    stop_at(monkeypatch, epoch=1, step=stop)
     with pytest.raises(SystemExit) as stopped:
         run_inprocess(*args, out=tmp_path / "b")
     assert stopped.value.code == 128 + signal.SIGTERM
@@ -114,7 +100,7 @@ def test_checkpoint_without_epoch_sums_still_resumes(run_inprocess, monkeypatch,
 
     args = ("loop=custom", "strategy=default", *SMALL, "trainer.steps_per_epoch=6")
     monkeypatch.setattr(runner, "EPOCH_SUMS", "some_other_name")  # not saved as epoch_sums
-    _stop_at(monkeypatch, epoch=1, step=2)
+    stop_at(monkeypatch, epoch=1, step=2)
     with pytest.raises(SystemExit):
         run_inprocess(*args, out=tmp_path / "r")
     monkeypatch.undo()

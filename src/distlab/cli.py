@@ -18,16 +18,29 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
+from distlab.errors import composition_error  # noqa: E402
 from distlab.run_dir import check_output_dir_args  # noqa: E402
 
 PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
 
 
 def task(cfg: DictConfig) -> float | None:
-    """One Hydra job (sweep jobs included): run the composed config, return its objective."""
-    from distlab import run
+    """One Hydra job (sweep jobs included): run the composed config, return its objective.
 
-    return run(cfg)
+    The only place a job ends the process: a single run exits with the job's status when it
+    did not complete; in a sweep a failed job is recorded and the sweep goes on, and a
+    signal (SIGTERM, Ctrl-C) ends the sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from distlab.job import run
+
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    results = run(cfg, hydra_cfg.runtime.output_dir, multirun=multirun)
+    if results.exit_code and (results.interrupted or not multirun):
+        sys.exit(results.exit_code)
+    return results.objective
 
 
 def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
@@ -52,25 +65,3 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         sys.exit(2)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)
-
-
-_NOISE = ("full_key:", "reference_type=", "object_type=", "Set the environment variable")
-
-
-def composition_error(error: BaseException) -> str:
-    """A Hydra or OmegaConf composition error (and its cause) as one line naming the key."""
-    parts: list[str] = []
-    for exc in (error, error.__cause__):
-        if exc is None or str(exc) in parts:
-            continue
-        for line in str(exc).splitlines():
-            if line.startswith("Config search path"):
-                break
-            text = line.strip()
-            if not text or text.startswith(_NOISE):
-                continue
-            if line.startswith("\t") and parts and parts[-1].endswith((":", ",")):
-                parts[-1] += f" {text},"  # a list of options, one per line
-            else:
-                parts.append(text)
-    return ". ".join(p.rstrip(",.") for p in parts) or type(error).__name__

@@ -1,10 +1,12 @@
-"""The one exception type that reaches the user as a single clear line."""
+"""The exception type that reaches the user as a single clear line, and the helpers that
+make other errors (a library's, Hydra's composition errors) one line too."""
 
 
 class DistlabError(Exception):
     """A problem the user can fix: bad config, missing data, unusable checkpoint.
 
-    `run.py` prints its message on one line (no traceback) and exits non-zero.
+    A job reports its message on one line (no traceback): `Results.error`, and the
+    `distlab` command exits with status 2.
     """
 
 
@@ -22,3 +24,25 @@ def described(error: BaseException) -> str:
 
 class ConfigError(DistlabError):
     """A composed config value that is well-typed but impossible (e.g. batch size 0)."""
+
+
+_NOISE = ("full_key:", "reference_type=", "object_type=", "Set the environment variable")
+
+
+def composition_error(error: BaseException) -> str:
+    """A Hydra or OmegaConf composition error (and its cause) as one line naming the key."""
+    parts: list[str] = []
+    for exc in (error, error.__cause__):
+        if exc is None or str(exc) in parts:
+            continue
+        for line in str(exc).splitlines():
+            if line.startswith("Config search path"):
+                break
+            text = line.strip()
+            if not text or text.startswith(_NOISE):
+                continue
+            if line.startswith("\t") and parts and parts[-1].endswith((":", ",")):
+                parts[-1] += f" {text},"  # a list of options, one per line
+            else:
+                parts.append(text)
+    return ". ".join(p.rstrip(",.") for p in parts) or type(error).__name__

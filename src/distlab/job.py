@@ -1,7 +1,10 @@
 """One job: validate the config, take the run directory, decide what to do, run, report.
 
-`run(cfg)` is what `run.py` (and every sweep job) calls. Nothing here imports
-TensorFlow until the config is valid and the run directory is ours.
+`run(cfg, output_dir)` runs one composed config and returns its `Results`; it never exits
+the interpreter and reads no Hydra global, so a notebook or another program can call it (or
+`distlab.train`) many times. The `distlab` command (`distlab.cli`) turns the Results into an
+exit status. Nothing here imports TensorFlow until the config is valid and the run
+directory is ours.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,25 +26,39 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab import plugins
 from distlab.cluster import current_task
-from distlab.config import effective, training_diff, validate
-from distlab.errors import DistlabError
+from distlab.config import effective, register_configs, training_diff, validate
+from distlab.errors import DistlabError, composition_error
 from distlab.preemption import Interrupted
 from distlab.run_dir import RunDir, RunDirBusy
 
 log = logging.getLogger("distlab")
+USER_ERROR, INTERNAL_ERROR = 2, 1  # exit statuses of the `distlab` command
 
 
-def _output_dir() -> Path:
-    from hydra.core.hydra_config import HydraConfig
+@dataclass
+class Results:
+    """What one job did: its run directory, its results.json fields (empty when it was
+    refused before writing any), the objective returned to sweepers, and the exit status the
+    `distlab` command ends with: 0 (done, or already done), 2 (a user error or a refused run
+    directory: `error` says why), 1 (an unexpected error; the traceback is in run.log) or
+    128+N (stopped by signal N; rerun to resume)."""
 
-    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
+    run_dir: Path
+    fields: dict[str, Any] = field(default_factory=dict)
+    objective: float | None = None
+    exit_code: int = 0
+    error: str | None = None
 
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
 
-def _is_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
+    @property
+    def interrupted(self) -> bool:
+        return self.exit_code >= 128
 
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    def __getitem__(self, key: str) -> Any:
+        return self.fields[key]
 
 
 def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any]:
@@ -54,17 +74,88 @@ def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any
     }
 
 
-def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
-    """Run one job; write its run directory; return the objective (`cfg.objective`).
+def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
+          output_dir: str | Path | None = None) -> Results:
+    """Compose the config as `distlab OVERRIDES` would and run one job in this process.
 
-    A user error (bad config, missing data, unusable checkpoint) is logged as one line and,
-    in a single run, exits with status 2. In a multirun the job is recorded as failed in its
-    results.json and the sweep goes on; the sweep callback reports it and fails the sweep.
-    Under `strategy=multi_worker_mirrored` every worker follows the chief's decision.
+    `config_dir`: the primary config directory (default: the configs installed with distlab;
+    a relative path is taken from the current directory). `output_dir`: the run directory
+    (default: the config's `hydra.run.dir`, outputs/<date>/<time>). distlab's log lines of
+    the job also go to its run.log. Never exits: see `Results.exit_code` and `.error`."""
+    register_configs()
+    try:
+        composed = _compose(list(overrides), config_dir)
+    except DistlabError as e:
+        return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=str(e))
+    run_dir = Path(output_dir or str(composed.hydra.run.dir))
+    try:  # made first, as Hydra makes the command's, so a failure is recorded in it
+        RunDir(run_dir).check_writable()
+    except DistlabError as e:
+        return Results(run_dir, exit_code=USER_ERROR, error=str(e))
+    cfg = OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"])
+    return run(cfg, run_dir, log_file=True)
+
+
+def _compose(overrides: list[str], config_dir: str | Path | None) -> DictConfig:
+    """The composed config (with its `hydra` node), Hydra's errors as one DistlabError line.
+    A Hydra already set up in this process (a @hydra.main app, hydra.initialize) is put back
+    afterwards."""
+    from hydra import compose, initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
+    try:
+        context = (initialize_config_dir(str(Path(config_dir).resolve()), version_base="1.3")
+                   if config_dir is not None else
+                   initialize_config_module("distlab.conf", version_base="1.3"))
+        with context:
+            return compose("config", overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as e:  # as the command: one line
+        raise DistlabError(composition_error(e)) from None
+    finally:
+        GlobalHydra.instance().clear()
+        if outer is not None:
+            GlobalHydra.instance().initialize(outer)
+
+
+@contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    """distlab's log lines (INFO and up) also into `path`, for a job run outside Hydra (whose
+    own run.log holds TensorFlow's and Hydra's lines too)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - "
+                                           "%(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        handler.close()
+
+
+def run(cfg: DictConfig, output_dir: str | Path | None = None,
+        multirun: bool = False, log_file: bool = False) -> Results:
+    """Run one job into `output_dir` (default: the current directory) and return its Results.
+
+    A user error (bad config, missing data, unusable checkpoint) is logged as one line and
+    recorded as failed in results.json (exit_code 2); so is an unexpected one (exit_code 1,
+    its traceback in run.log). `multirun`: a sweep job (time to target then counts from the
+    job's own start). `log_file`: the chief also writes distlab's log lines to the run dir's
+    run.log once the directory is its own (Hydra does this for the command). Under
+    `strategy=multi_worker_mirrored` every worker follows the chief's decision.
     """
     started = time.time()
-    run_dir = RunDir(output_dir or _output_dir())
+    run_dir = RunDir(output_dir or Path.cwd())
+    out = run_dir.path
     scratch = None
+    logging_to = ExitStack()
     try:
         validate(cfg)
         plugins.check(cfg)  # user code imported, every group's name resolved
@@ -90,15 +181,17 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
             verdict = multi_worker.agree(strategy, verdict if task.is_chief else None)
         if verdict == "refused":
             run_dir.restore_hydra()  # leave the directory exactly as it was
-            print(f"error: {refusal or 'the chief refused this run; see its output'}",
-                  file=sys.stderr)  # not logged: run.log stays as it was
-            return None if _is_multirun() else sys.exit(2)
+            error = refusal or "the chief refused this run; see its output"
+            print(f"error: {error}", file=sys.stderr)  # not logged: run.log stays as it was
+            return Results(out, exit_code=USER_ERROR, error=error)
         if verdict == "completed":
             log.info("%s already completed %s epoch(s); not retraining. results: %s",
                      run_dir.path, (previous or {}).get("epochs_completed", "its"),
                      json.dumps(previous or {}))
-            return _objective(previous or {}, cfg)
+            return Results(out, previous or {}, _objective(previous or {}, cfg))
         run_dir.mark_holder()
+        if log_file and scratch is None:
+            logging_to.enter_context(_log_to(run_dir.path / "run.log"))
         if cfg.mode == "train":
             run_dir.record_start(config)
         from distlab.monitors import process_started
@@ -107,33 +200,35 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> float | None:
         # time_to_target_s counts from the process start in a single run (imports included,
         # as a whole-process benchmark does); in a sweep from the start of the job's own work,
         # after TensorFlow's import, which only a process's first job pays (so jobs compare)
-        origin = None if _is_multirun() else process_started()
+        origin = None if multirun else process_started()
         results = execute(cfg, run_dir, strategy=strategy, task=task, origin=origin)
         if scratch is None:
             run_dir.write_results(results)
             log.info("results: %s", run_dir.results_json)
+        return Results(out, results, _objective(results, cfg))
     except RunDirBusy as e:  # another job's directory: change nothing in it
         run_dir.restore_hydra()
         print(f"error: {e}", file=sys.stderr)
-        return None if _is_multirun() else sys.exit(2)
+        return Results(out, exit_code=USER_ERROR, error=str(e))
     except Interrupted as e:  # results.json (status interrupted) and a checkpoint are written
         log.error(str(e))
-        sys.exit(128 + e.signum)
+        return Results(out, run_dir.read_results() or {}, exit_code=128 + e.signum,
+                       error=str(e))
     except Exception as e:  # noqa: BLE001 - every failure is reported the same way
         user_error = isinstance(e, DistlabError)
         message = str(e) if user_error else f"{type(e).__name__}: {e}"
         if not user_error:
             _traceback_to_log_file(e)
         log.error(message if user_error else message.splitlines()[0] + " (traceback in run.log)")
-        run_dir.record_failure(failed_results(cfg, message, started))
-        if _is_multirun():
-            return None
-        sys.exit(2 if user_error else 1)
+        failed = failed_results(cfg, message, started)
+        run_dir.record_failure(failed)
+        return Results(out, failed, exit_code=USER_ERROR if user_error else INTERNAL_ERROR,
+                       error=message)
     finally:
+        logging_to.close()
         run_dir.unlock()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-    return _objective(results, cfg)
 
 
 def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:
@@ -201,7 +296,7 @@ def _traceback_to_log_file(error: BaseException) -> None:
     """The full traceback goes to run.log only; the console gets one line."""
     text = "".join(traceback.format_exception(error))
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, text, None, None)
-    for handler in logging.getLogger().handlers:
+    for handler in (*logging.getLogger().handlers, *log.handlers):
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
 

@@ -30,13 +30,24 @@ from distlab.cluster import Task
 from distlab.errors import DistlabError
 
 SUM = tf.distribute.ReduceOp.SUM
-# PreemptionCheckpointHandler reads its own deprecated property when it saves
-logging.getLogger("tensorflow").addFilter(lambda r: "total_run_calls" not in r.getMessage())
+
 VERDICTS = ("train", "completed", "refused")
 # what a collective raises when a peer is gone (refused connection, missed heartbeats,
 # timed-out collective, aborted group)
 PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                tf.errors.AbortedError, tf.errors.CancelledError, tf.errors.InternalError)
+
+
+def _not_total_run_calls(record: logging.LogRecord) -> bool:
+    return "total_run_calls" not in record.getMessage()
+
+
+def quiet_collectives() -> None:
+    """Drop TensorFlow's deprecation note that PreemptionCheckpointHandler triggers itself
+    (it reads its own deprecated property when it saves); idempotent."""
+    logger = logging.getLogger("tensorflow")
+    if _not_total_run_calls not in logger.filters:
+        logger.addFilter(_not_total_run_calls)
 
 
 def from_chief(strategy: tf.distribute.Strategy, values: Sequence) -> list[tf.Tensor]:

@@ -36,21 +36,46 @@ EPOCH_SUMS = "epoch_sums"
 # how far the reloaded SavedModel may be from the trained model, relative to the largest
 # output: the two graphs round differently, in the precision they compute in
 EXPORT_RTOL = {"float32": 1e-4, "mixed_float16": 2e-3, "mixed_bfloat16": 2e-2}
-for _noisy in ("absl", "tensorflow"):  # tfds file listings, per-trace all-reduce notes
-    logging.getLogger(_noisy).setLevel(logging.WARNING)
-# tf.data says this whenever a distributed dataset reads its options inside a tf.function
-warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options",
-                        category=UserWarning)
+
+
+def quiet_libraries() -> None:
+    """Library chatter a run does not need (applied when a job runs, not at import)."""
+    for noisy in ("absl", "tensorflow"):  # tfds file listings, per-trace all-reduce notes
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # tf.data says this whenever a distributed dataset reads its options inside a tf.function
+    warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data "
+                            "options", category=UserWarning)
+    multi_worker.quiet_collectives()
 
 
 def reset_state(seed: int, deterministic: bool, precision: str = "float32") -> None:
-    """Fresh Keras state, dtype policy and seeds, so in-process sweep jobs do not leak into
-    each other."""
+    """Fresh Keras state, dtype policy, seeds and op determinism, so in-process jobs (sweeps,
+    `distlab.train` called again) do not leak into each other."""
     keras.backend.clear_session()
     keras.mixed_precision.set_dtype_policy(precision)
     keras.utils.set_random_seed(seed)
-    if deterministic:
+    set_op_determinism(deterministic)
+
+
+def set_op_determinism(on: bool) -> None:
+    """TF op determinism on or off. TensorFlow has no public off switch, so `deterministic=
+    false` after a `true` job uses the private one (`tensorflow.python.framework.config`,
+    present in TF 2.9-2.21); if it is missing, the job says that it stays deterministic."""
+    if on:
         tf.config.experimental.enable_op_determinism()
+        return
+    from tensorflow.python.framework import config as tf_config
+
+    is_on = getattr(tf_config, "is_op_determinism_enabled", None)
+    turn_off = getattr(tf_config, "disable_op_determinism", None)
+    if is_on is None or not is_on():
+        return
+    if turn_off is None:
+        log.warning("deterministic=false, but an earlier job in this process turned on op "
+                    "determinism, which this TensorFlow cannot turn off; this job is "
+                    "deterministic too")
+        return
+    turn_off()
 
 
 def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy,
@@ -128,6 +153,7 @@ def connect(cfg: DictConfig, results_json: Path | None = None,
             failed: dict[str, Any] | None = None) -> tf.distribute.Strategy:
     """The configured strategy (a multi-worker one forms its cluster: before any other TF
     op; if it cannot, the watchdog writes `failed` to `results_json` and ends the process)."""
+    quiet_libraries()  # a multi-worker job connects before it executes
     strategies.configure_devices(cfg.strategy)  # before any TensorFlow op
     return strategies.build(cfg.strategy, results_json=results_json, failed=failed)
 
@@ -137,6 +163,7 @@ def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy |
     """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json.
     `origin`: when the clock of time_to_target_s started (default: now)."""
     started = time.time()
+    quiet_libraries()
     try:
         return _execute(cfg, run_dir, strategy, task, origin or started, started)
     finally:

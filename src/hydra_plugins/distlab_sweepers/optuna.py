@@ -23,6 +23,9 @@ class _NoValueNote(logging.Filter):
         return "Got 'None'" not in record.getMessage()
 
 
+_NO_VALUE_NOTE = _NoValueNote()
+
+
 class DistlabOptunaSweeper(OptunaSweeper):
     """hydra-optuna-sweeper's OptunaSweeper, except that:
 
@@ -64,7 +67,9 @@ class DistlabOptunaSweeper(OptunaSweeper):
             return returns
 
         launcher.launch = launch_and_explain
-        logging.getLogger("hydra_plugins.hydra_optuna_sweeper._impl").addFilter(_NoValueNote())
+        impl_log = logging.getLogger("hydra_plugins.hydra_optuna_sweeper._impl")
+        if _NO_VALUE_NOTE not in impl_log.filters:
+            impl_log.addFilter(_NO_VALUE_NOTE)
 
     def sweep(self, arguments: list[str]) -> Any:
         try:

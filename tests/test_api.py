@@ -1,0 +1,74 @@
+"""`distlab.train`: the command's composition and job in this process; Results, never exits."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import ROOT, fast_overrides
+
+
+def test_train_twice_in_one_process_deterministic_then_not(tiny_data_dir, tmp_path):
+    from tensorflow.python.framework import config as tf_config
+
+    import distlab
+
+    common = [*fast_overrides(tiny_data_dir), "strategy=default", "trainer.epochs=1",
+              "trainer.steps_per_epoch=2", "trainer.validate_every=0"]
+    first = distlab.train([*common, "deterministic=true"], config_dir=ROOT / "conf",
+                          output_dir=tmp_path / "a")
+    assert first.ok and first["status"] == "completed", first
+    assert first.objective == first["test_accuracy"] and first.run_dir == tmp_path / "a"
+    assert tf_config.is_op_determinism_enabled()
+    second = distlab.train([*common, "deterministic=false"], config_dir=ROOT / "conf",
+                           output_dir=tmp_path / "b")
+    assert second.ok and second["status"] == "completed", second
+    assert not tf_config.is_op_determinism_enabled()  # was left on by the first job before
+    assert "results: " in (tmp_path / "b" / "run.log").read_text()  # its log, as the command's
+
+    bad_value = distlab.train(["trainer.epochs=0"], config_dir=ROOT / "conf",
+                              output_dir=tmp_path / "c")
+    assert bad_value.exit_code == 2 and "trainer.epochs=0" in bad_value.error
+    assert json.loads((tmp_path / "c" / "results.json").read_text())["status"] == "failed"
+    bad_type = distlab.train(["trainer.epochs=abc"], config_dir=ROOT / "conf",
+                             output_dir=tmp_path / "d")
+    assert bad_type.exit_code == 2 and "trainer.epochs=abc" in bad_type.error
+    assert "\n" not in bad_type.error
+
+
+def test_train_reports_errors_instead_of_raising(tmp_path):
+    """No training: bad paths and an already initialised Hydra are Results, not exceptions;
+    a refused run leaves its directory as it was."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    import distlab
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    unwritable = distlab.train(["trainer.epochs=1"], config_dir=ROOT / "conf",
+                               output_dir=blocker / "run")
+    assert unwritable.exit_code == 2 and str(blocker) in unwritable.error
+
+    default_configs = distlab.train(["trainer.epochs=abc"])  # the installed distlab.conf
+    assert default_configs.exit_code == 2 and "trainer.epochs=abc" in default_configs.error
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):  # e.g. a notebook's
+        inside = distlab.train(["trainer.epochs=0"], config_dir=ROOT / "conf",
+                               output_dir=tmp_path / "inside")
+        assert GlobalHydra.instance().is_initialized()  # put back as it was
+    assert inside.exit_code == 2 and "trainer.epochs=0" in inside.error
+
+    from conftest import compose
+    from omegaconf import OmegaConf
+
+    run_dir = tmp_path / "held"
+    (run_dir / ".distlab").mkdir(parents=True)
+    OmegaConf.save(compose(["trainer.epochs=1", "seed=1"]), run_dir / ".distlab" / "config.yaml")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "ckpt-1.index").write_text("")
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    refused = distlab.train(["trainer.epochs=1"], config_dir=ROOT / "conf", output_dir=run_dir)
+    assert refused.exit_code == 2 and "seed (1 -> 42)" in refused.error
+    after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")
+                   if p.name != "lock")  # (the lock file stays, released, as for the command)
+    assert after == before and not (run_dir / "run.log").exists()

@@ -230,3 +230,19 @@ def test_extending_a_schedule_that_reached_zero_warns(run_inprocess, tmp_path, c
     warned = [r.getMessage() for r in caplog.records if "learning rate is 0" in r.getMessage()]
     assert extended["epochs_completed"] == 2 and len(warned) == 1, warned
     assert "from step 3 to the end (schedule=cosine)" in warned[0]
+
+
+def test_sweep_summary_ranks_old_jobs_by_the_same_rule():
+    """Jobs that report no objective_direction (older run dirs) rank by the field's name with
+    distlab.objective's rule; a direction set on the sweeper wins."""
+    from distlab.sweep import _maximize
+
+    def config(objective: str, direction: str | None = None):
+        return OmegaConf.create({"objective": objective,
+                                 "hydra": {"sweeper": {"direction": direction}}})
+
+    assert _maximize(config("test_accuracy")) is True
+    assert _maximize(config("test_loss")) is False
+    assert _maximize(config("time_to_target_s")) is False  # was ranked as if larger is better
+    assert _maximize(config("time_to_target_s", "maximize")) is True
+    assert _maximize(config("test_accuracy", "auto")) is True

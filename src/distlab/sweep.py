@@ -31,6 +31,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.objective import maximizes
 from distlab.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -455,7 +456,7 @@ class SweepSummary(Callback):
 def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
     """The Optuna sweeper's direction if the user set one; else the direction the jobs report
     for their objective (`distlab.objective`: accuracy up, MAE and times down); else maximise
-    unless it is a loss (run dirs written before jobs reported a direction)."""
+    by the field's name (run dirs written before jobs reported a direction)."""
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum
     if direction in ("maximize", "minimize"):
@@ -463,7 +464,7 @@ def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
     reported = {j.results.get("objective_direction") for j in jobs} - {None}
     if len(reported) == 1:
         return reported == {"maximize"}
-    return "loss" not in str(config.get("objective") or "")
+    return maximizes(str(config.get("objective") or ""), {}, None)  # by its name alone
 
 
 def _first_line(text: str) -> str:

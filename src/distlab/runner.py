@@ -23,7 +23,7 @@ from distlab import models, multi_worker, optimizers, schedules, strategies, tas
 from distlab.cluster import Task
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.errors import DistlabError, first_line
-from distlab.loops.base import Experiment
+from distlab.loops.base import Experiment, stats_size
 from distlab.monitors import Monitors
 from distlab.objective import maximizes, objective_field
 from distlab.preemption import Interrupted, stop_on_signals
@@ -105,8 +105,8 @@ def build_experiment(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.S
     monitors = Monitors(cfg.trainer, task)
     epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
     step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
-    epoch_sums = tf.Variable(tf.zeros([len(task.metrics) + 2], tf.float64), trainable=False,
-                             name="epoch_sums")  # Loop._batch_stats' layout
+    epoch_sums = tf.Variable(tf.zeros([stats_size(task)], tf.float64), trainable=False,
+                             name="epoch_sums")
     state = {"model": model, "optimizer": optimizer, "epoch": epoch,
              "step_in_epoch": step_in_epoch, EPOCH_SUMS: epoch_sums, **monitors.state,
              **rng_states(model)}

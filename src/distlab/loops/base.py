@@ -68,6 +68,12 @@ class Experiment:
         return float(self.schedule(epoch * self.data.steps_per_epoch))
 
 
+def stats_size(task: Task) -> int:
+    """Length of `Loop._batch_stats`' vector (and of Experiment.epoch_sums): the loss sum,
+    one sum per task metric, the count of real examples."""
+    return len(task.metrics) + 2
+
+
 class NonFiniteLoss(DistlabError):
     """Training produced a NaN or Inf loss."""
 
@@ -348,7 +354,7 @@ class Loop:
 
     @property
     def num_stats(self) -> int:
-        return len(self.exp.task.metrics) + 2
+        return stats_size(self.exp.task)
 
     def _eval_dataset(self, dist_dataset):
         totals = tf.zeros([self.num_stats], tf.float64)

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
 def raw_test(cfg) -> tuple[np.ndarray, np.ndarray]:
-    from distlab import data, plugins
+    from distlab import plugins
+    from distlab.data import pipeline as data
 
     plugins.import_modules(list(cfg.get("imports") or []))
     splits = data._user_splits(cfg.dataset) if data.is_user_dataset(cfg.dataset.name) \

@@ -166,7 +166,7 @@ def stop_at(monkeypatch, epoch: int, step: int) -> None:
     """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
     import signal
 
-    from distlab.loops.base import Controller
+    from distlab.training.loops.base import Controller
 
     original = Controller.step_end
 

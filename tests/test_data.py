@@ -10,7 +10,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from conftest import TINY_TEST, TINY_TRAIN, compose
 
-from distlab import data as data_lib
+from distlab.data import pipeline as data_lib
 from distlab.errors import DistlabError
 
 

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from conftest import TINY_TEST, TINY_TRAIN, compose, fast_overrides
 
-from distlab import data_cache
+from distlab.data import cache as data_cache
 
 
 def _entries(root: Path) -> list[str]:
@@ -79,7 +79,7 @@ def test_an_unwritable_cache_dir_warns_once_per_run_and_the_run_goes_on(
 
 
 def _load(data_dir: Path, cache_dir: Path):
-    from distlab import data
+    from distlab.data import pipeline as data
 
     cfg = compose([*fast_overrides(data_dir), f"dataset.cache_dir={cache_dir}"])
     return data.load(cfg.dataset, num_replicas=1, seed=0, steps_per_epoch=None)

@@ -91,7 +91,8 @@ def test_clipping_acts_on_the_gradient_summed_over_replicas(clip):
     import keras
     import tensorflow as tf
 
-    from distlab import grad_accumulation, optimizers
+    from distlab.components import optimizers
+    from distlab.keras_patches import accumulation as grad_accumulation
 
     assert grad_accumulation.corrected(), "Keras changed: re-check grad_accumulation"
     two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],

@@ -42,7 +42,7 @@ def _same_rows(resumed: Path, uninterrupted: Path) -> None:
 
 def _record_rows(monkeypatch) -> list[dict]:
     """The rows the Controller makes from now on (with the fields history.csv leaves out)."""
-    from distlab.loops.base import Controller
+    from distlab.training.loops.base import Controller
 
     rows: list[dict] = []
     original = Controller.epoch_end
@@ -96,7 +96,7 @@ def test_checkpoint_without_epoch_sums_still_resumes(run_inprocess, monkeypatch,
                                                      caplog):
     """A mid-epoch checkpoint written before checkpoints kept the epoch's sums resumes, with
     one warning that its epoch's row covers only the steps after the resume."""
-    from distlab import runner
+    from distlab.training import runner
 
     args = ("loop=custom", "strategy=default", *SMALL, "trainer.steps_per_epoch=6")
     monkeypatch.setattr(runner, "EPOCH_SUMS", "some_other_name")  # not saved as epoch_sums

@@ -2,7 +2,7 @@
 
 If a Keras upgrade changes a corrected function, the first test fails: re-check the bugs
 (docs/keras-distribute-bugs.md; the standalone reproductions in tests/repro/) and update
-or drop distlab.keras_fixes.
+or drop distlab.keras_patches.fixes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-from distlab import keras_fixes
-from distlab.data import distribute
+from distlab.data.pipeline import distribute
+from distlab.keras_patches import fixes as keras_fixes
 
 REPRO = Path(__file__).parent / "repro"
 
@@ -27,11 +27,11 @@ def test_this_keras_is_the_one_the_corrections_were_checked_against():
     digests = {name: keras_fixes.source_digest(fn) for name, fn in keras_fixes._ORIGINALS.items()}
     assert not keras_fixes.changed(), (
         f"Keras {keras.__version__} changed {keras_fixes.changed()} (digests {digests}): "
-        "re-check the bugs and update distlab.keras_fixes")
+        "re-check the bugs and update distlab.keras_patches.fixes")
 
 
 def _fit_on_a_short_first_batch(strategy) -> None:
-    """3 rows over 2 replicas: slices of 2 and 1 rows, as distlab.data.distribute makes."""
+    """3 rows over 2 replicas: slices of 2 and 1 rows, as distlab.data.pipeline.distribute makes."""
     x = np.random.default_rng(0).random((3, 4)).astype("float32")
     y = np.array([0, 1, 0])
     dataset = distribute(strategy, tf.data.Dataset.from_tensor_slices((x, y)).batch(3))

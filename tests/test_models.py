@@ -10,7 +10,7 @@ from conftest import compose
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from distlab import models
+from distlab.components import models
 from distlab.config import validate
 from distlab.errors import ConfigError
 

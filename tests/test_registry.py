@@ -27,7 +27,7 @@ def test_register_and_get():
 
 
 def test_duplicate_name_is_an_error_naming_the_first():
-    reg = Registry("widget", ("cfg",), {"a": "distlab.models:cnn"})
+    reg = Registry("widget", ("cfg",), {"a": "distlab.components.models:cnn"})
     with pytest.raises(RegistryError, match="widget 'a' is already registered \\(by distlab\\)"):
         reg.register("a")(lambda cfg: 2)
 
@@ -43,12 +43,13 @@ def test_unknown_name_lists_known_names():
 def test_import_paths():
     assert is_import_path("my_pkg.models:net") and is_import_path("m:f")
     assert not is_import_path("mnist") and not is_import_path("mnist:3.0.1")
-    assert MODELS.get("distlab.models:cnn").__name__ == "cnn"
+    assert MODELS.get("distlab.components.models:cnn").__name__ == "cnn"
     with pytest.raises(RegistryError, match=r"model\.name='no_such_pkg\.x:f' does not import: "
                                             r"ModuleNotFoundError"):
         MODELS.get("no_such_pkg.x:f")
-    with pytest.raises(RegistryError, match=r"model\.name='distlab\.models:nope' does not import"):
-        MODELS.get("distlab.models:nope")
+    with pytest.raises(RegistryError, match=r"model\.name='distlab\.components\.models:nope' "
+                                            r"does not import"):
+        MODELS.get("distlab.components.models:nope")
 
 
 def test_wrong_signature_is_refused_naming_the_call():

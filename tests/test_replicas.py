@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from distlab.data import replica_rows
+from distlab.data.pipeline import replica_rows
 
 
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4])

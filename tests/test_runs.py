@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import fast_overrides, run_cli
 
-from distlab.run_dir import HISTORY_COLUMNS, RESULTS_FIELDS, RunDir
+from distlab.launch.run_dir import HISTORY_COLUMNS, RESULTS_FIELDS, RunDir
 
 pytestmark = pytest.mark.slow
 

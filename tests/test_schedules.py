@@ -7,8 +7,8 @@ import math
 import pytest
 from conftest import compose
 
-from distlab import schedules
-from distlab.optimizers import scaled_learning_rate
+from distlab.components import schedules
+from distlab.components.optimizers import scaled_learning_rate
 
 SPE = 100  # steps per epoch
 

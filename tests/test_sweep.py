@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
-from distlab.run_dir import RunDir
-from distlab.sweep import (
+from distlab.launch.run_dir import RunDir
+from distlab.reporting.summary import (
     LEADING,
     TRAILING,
     Job,
@@ -105,7 +105,7 @@ def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_
     from omegaconf import OmegaConf
 
     config = OmegaConf.create({"objective": None, "hydra": {"sweep": {"dir": str(tmp_path)}}})
-    from distlab.sweep import _maximize, find_jobs
+    from distlab.reporting.summary import _maximize, find_jobs
 
     maximize = _maximize(config, find_jobs(tmp_path))
     assert maximize is False
@@ -160,7 +160,8 @@ def test_sweep_configs_compose():
         for launcher in ("joblib", "submitit_local", "submitit_slurm"):
             cfg = compose("config", [f"hydra/launcher={launcher}"], return_hydra_config=True)
             assert cfg.hydra.launcher._target_.startswith("hydra_plugins."), launcher
-        assert cfg.hydra.callbacks.sweep_summary._target_ == "distlab.sweep.SweepSummary"
+        summary = cfg.hydra.callbacks.sweep_summary._target_
+        assert summary == "distlab.reporting.summary.SweepSummary"
 
 
 # --------------------------------------------------------------------------- slow

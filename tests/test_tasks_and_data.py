@@ -131,7 +131,7 @@ def test_augmentation_is_refused_for_non_images(user_package, run_inprocess, tmp
 
 
 def _load(tiny_data_dir, *overrides: str):
-    from distlab import data
+    from distlab.data import pipeline as data
 
     cfg = compose([f"dataset.data_dir={tiny_data_dir}", *overrides])
     return data.load(cfg.dataset, num_replicas=1, seed=3, steps_per_epoch=None)

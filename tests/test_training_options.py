@@ -34,11 +34,11 @@ def test_four_accumulated_batches_of_32_equal_one_batch_of_128(loop, replicas, r
 
 
 def test_keras_accumulation_fails_under_a_strategy_without_the_correction():
-    """The reason for distlab.grad_accumulation: if this stops failing, Keras fixed it."""
+    """The reason for distlab.keras_patches.accumulation: if this stops failing, Keras fixed it."""
     import keras
     import tensorflow as tf
 
-    from distlab import grad_accumulation
+    from distlab.keras_patches import accumulation as grad_accumulation
 
     assert grad_accumulation.corrected(), "Keras changed: re-check grad_accumulation"
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
@@ -127,7 +127,7 @@ def test_mixed_precision_trains_with_float32_outputs_and_variables(precision, ru
                                                                    tmp_path):
     import keras
 
-    from distlab import models
+    from distlab.components import models
 
     results = run_inprocess("model=mlp", "model.hidden_units=[32]", "loop=custom",
                             f"precision={precision}", "trainer.epochs=1",
@@ -153,7 +153,7 @@ def test_loss_scaling_skips_a_step_that_overflows_on_any_replica(corrected):
     import keras
     import tensorflow as tf
 
-    from distlab.loss_scaling import LossScaleOptimizer
+    from distlab.keras_patches.loss_scaling import LossScaleOptimizer
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
                                               cross_device_ops=tf.distribute.ReductionToOneDevice())
@@ -188,9 +188,9 @@ def test_loss_scaling_skips_a_step_that_overflows_on_any_replica(corrected):
 def test_watched_metrics_must_be_per_epoch_figures_of_the_task(overrides, needle):
     from conftest import compose
 
-    from distlab import tasks
+    from distlab.components import tasks
     from distlab.errors import DistlabError
-    from distlab.monitors import Monitors
+    from distlab.training.monitors import Monitors
 
     cfg = compose(overrides)
     task = tasks.build(cfg.task)
@@ -201,8 +201,8 @@ def test_watched_metrics_must_be_per_epoch_figures_of_the_task(overrides, needle
 def test_monitor_directions_follow_the_task():
     from conftest import compose
 
-    from distlab import tasks
-    from distlab.monitors import direction
+    from distlab.components import tasks
+    from distlab.training.monitors import direction
 
     classification = tasks.build(compose([]).task)
     regression = tasks.build(compose(["task=regression"]).task)

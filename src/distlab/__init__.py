@@ -3,13 +3,30 @@
 `train(overrides)` composes the config as the `distlab` command does and runs one job in
 this process; `run(cfg, output_dir)` runs an already composed config (what each Hydra job
 calls). Both return a `Results` and never exit. `register` adds your own component to a
-group's registry; a dataset builder returns `DataSplits`. Importing this package does not
-import TensorFlow, so `--cfg job` and config checks stay fast.
+group's registry; a dataset builder returns `DataSplits`, a task builder a `Task` of
+`Metric`s, a loop is a `Loop` subclass, and a dataset schema subclasses `DatasetConfig`.
+Importing this package does not import TensorFlow (`Task`, `Metric` and `Loop` import it
+when first named), so `--cfg job` and config checks stay fast.
 """
 
-from distlab.errors import DistlabError
-from distlab.job import Results, run, train
-from distlab.registry import register
-from distlab.splits import DataSplits
+from importlib import import_module
+from typing import Any
 
-__all__ = ["train", "run", "Results", "register", "DataSplits", "DistlabError"]
+from distlab.config import DatasetConfig
+from distlab.data.splits import DataSplits
+from distlab.errors import DistlabError
+from distlab.launch.job import Results, run, train
+from distlab.registry import register
+
+_LAZY = {"Task": "distlab.components.tasks", "Metric": "distlab.components.tasks",
+         "Loop": "distlab.training.loops"}  # they import TensorFlow
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'distlab' has no attribute {name!r}")
+
+
+__all__ = ["train", "run", "Results", "register", "DataSplits", "DatasetConfig", "Task",
+           "Metric", "Loop", "DistlabError"]

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
 from distlab.errors import composition_error  # noqa: E402
-from distlab.run_dir import check_output_dir_args  # noqa: E402
+from distlab.launch.run_dir import check_output_dir_args  # noqa: E402
 
 PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
 
@@ -33,7 +33,7 @@ def task(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from distlab.job import run
+    from distlab.launch.job import run
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN

@@ -135,20 +135,22 @@ def _where(fn: Any) -> str:
 # ------------------------------------------------------------------ the groups' registries
 
 STRATEGIES = Registry("strategy", ("cfg",), {
-    name: f"distlab.strategies:{name}"
+    name: f"distlab.components.strategies:{name}"
     for name in ("default", "one_device", "mirrored", "auto", "multi_worker_mirrored")})
 DATASETS = Registry("dataset", ("cfg",))  # anything else is a tfds name
 MODELS = Registry("model", ("cfg", "input_shape", "outputs"), {
-    name: f"distlab.models:{name}" for name in ("cnn", "mlp", "resnet", "keras_applications")})
+    name: f"distlab.components.models:{name}"
+    for name in ("cnn", "mlp", "resnet", "keras_applications")})
 TASKS = Registry("task", ("cfg",), {
-    name: f"distlab.tasks:{name}" for name in ("classification", "regression")})
+    name: f"distlab.components.tasks:{name}" for name in ("classification", "regression")})
 OPTIMIZERS = Registry("optimizer", ("cfg", "learning_rate"), {
-    name: f"distlab.optimizers:{name}" for name in ("adam", "sgd", "rmsprop")})
+    name: f"distlab.components.optimizers:{name}" for name in ("adam", "sgd", "rmsprop")})
 SCHEDULES = Registry("schedule", ("cfg", "base", "steps_per_epoch", "epochs"), {
-    name: f"distlab.schedules:{name}"
+    name: f"distlab.components.schedules:{name}"
     for name in ("constant", "step_decay", "cosine", "exponential")})
-LOOPS = Registry("loop", ("exp",), {"keras_fit": "distlab.loops.keras_fit:KerasFitLoop",
-                                    "custom": "distlab.loops.custom:CustomLoop"})
+LOOPS = Registry("loop", ("exp",), {
+    "keras_fit": "distlab.training.loops.keras_fit:KerasFitLoop",
+    "custom": "distlab.training.loops.custom:CustomLoop"})
 
 REGISTRIES: dict[str, Registry] = {r.group: r for r in (
     STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS)}

@@ -2,7 +2,7 @@
 
     python keras_19246.py            # Keras as it is: fails ("You must feed a value for
                                      # placeholder tensor ...")
-    python keras_19246.py --fixed    # with distlab.keras_fixes: trains, and its weights
+    python keras_19246.py --fixed    # with distlab.keras_patches.fixes: trains, and its weights
                                      # equal steps_per_execution=1's
 
 Prints BUG, FIXED or MISMATCH and exits 0 for the outcome the mode expects, else 1.
@@ -39,7 +39,7 @@ def train(strategy, steps_per_execution: int) -> list[np.ndarray]:
 def main(fixed: bool) -> int:
     if fixed:
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-        from distlab import keras_fixes
+        from distlab.keras_patches import fixes as keras_fixes
 
         assert keras_fixes.apply()
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

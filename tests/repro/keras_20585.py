@@ -2,7 +2,7 @@
 
     python keras_20585.py            # starts 2 workers on 127.0.0.1; Keras as it is: both
                                      # fail ("Attempt to convert a value (PerReplica...)")
-    python keras_20585.py --fixed    # with distlab.keras_fixes: both train, and their
+    python keras_20585.py --fixed    # with distlab.keras_patches.fixes: both train, and their
                                      # weights equal a 1-process, 2-replica run's
 
 Prints BUG, FIXED or MISMATCH and exits 0 for the outcome the mode expects, else 1.
@@ -44,7 +44,7 @@ def worker(fixed: bool) -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     if fixed:
         sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
-        from distlab import keras_fixes
+        from distlab.keras_patches import fixes as keras_fixes
 
         assert keras_fixes.apply()
     try:

@@ -1,6 +1,6 @@
 """A task of one's own: Huber-loss regression, reported as MAE, RMSE and a hit rate.
 
-A task builder is called as `f(cfg)` with the `task` node and returns `distlab.tasks.Task`:
+A task builder is called as `f(cfg)` with the `task` node and returns `distlab.Task`:
 a per-example loss and per-example metrics, `(y_true, y_pred) -> [batch]`. distlab uses the
 same functions in both loops (compiled into `fit`, summed over real rows in the custom
 loop), so each reported figure is `finalize(mean over the test examples)` and comes out as
@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 import distlab
 
 if TYPE_CHECKING:
-    from distlab.tasks import Task
+    from distlab import Task
 
 
 @dataclass
@@ -36,7 +36,7 @@ def huber_regression(cfg: DictConfig) -> Task:
     import keras
     import tensorflow as tf
 
-    from distlab.tasks import Metric, Task
+    from distlab import Metric, Task
 
     delta, tolerance = float(cfg.delta), float(cfg.tolerance)
     for key, value in (("delta", delta), ("tolerance", tolerance)):

@@ -30,7 +30,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
     """hydra-optuna-sweeper's OptunaSweeper, except that:
 
     - `direction: auto` (distlab's default) takes the study's direction from the objective
-      (`distlab.objective.direction`: accuracy up, losses, times and MAE down); a direction
+      (`distlab.launch.results.direction`: accuracy up, losses, times and MAE down); a direction
       the user sets is kept;
     - a trial whose job completed without a value for the objective (e.g. time_to_target_s
       when the target was not reached) is logged in one line and told to Optuna as failed,
@@ -41,7 +41,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
-        from distlab.objective import direction, task_metrics
+        from distlab.launch.results import direction, task_metrics
 
         self._config = config
         impl = self.sweeper
@@ -77,7 +77,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
         except ValueError as e:
             if NO_COMPLETED_TRIAL not in str(e):
                 raise
-        from distlab.sweep import SweepSummary
+        from distlab.reporting.summary import SweepSummary
 
         if self._no_value:
             log.error("search failed: no trial gave a value for %s (%d job(s) completed "
@@ -89,7 +89,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
 def _job_completed(ret: Any) -> bool:
     """Whether the job's results.json says it completed (a failed distlab job also returns
     None, and says so in its own results.json)."""
-    from distlab.run_dir import RunDir
+    from distlab.launch.run_dir import RunDir
 
     try:
         results = RunDir(ret.hydra_cfg.hydra.runtime.output_dir).read_results()
@@ -100,7 +100,7 @@ def _job_completed(ret: Any) -> bool:
 
 def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
     """What to change when no trial gave a value: with a target, the way that reaches it."""
-    from distlab.objective import metric_direction
+    from distlab.launch.results import metric_direction
 
     target = job_cfg.trainer.target
     if target.metric is None:
@@ -112,5 +112,5 @@ def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
 
 
 def _objective_field(config: DictConfig) -> str:
-    """The results.json field the jobs return (as `distlab.job` picks it)."""
+    """The results.json field the jobs return (as `distlab.launch.job` picks it)."""
     return str(config.get("objective") or "the objective (the task's first metric)")

@@ -17,8 +17,8 @@ from typing import Any
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.objective import check_watched, metric_direction
-from distlab.tasks import Task
+from distlab.components.tasks import Task
+from distlab.launch.results import check_watched, metric_direction
 
 log = logging.getLogger("distlab")
 _IMPORTED = time.time()

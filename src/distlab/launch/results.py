@@ -25,7 +25,7 @@ def top_k_name(k: int) -> str:
 
 def builtin_task_metrics(task: DictConfig) -> dict[str, bool] | None:
     """{metric name: higher_is_better} of distlab's own tasks, known without building them
-    (None for a user task). tests/test_objective.py checks it against `distlab.tasks`."""
+    (None for a user task). tests/test_objective.py checks it against `distlab.components.tasks`."""
     name = task.get("name")
     if name == "classification":
         top_k = task.get("top_k")
@@ -83,7 +83,8 @@ def task_metrics(cfg: DictConfig) -> dict[str, bool]:
     known = builtin_task_metrics(cfg.task)
     if known is not None:
         return known
-    from distlab import plugins, tasks
+    from distlab import plugins
+    from distlab.components import tasks
 
     plugins.check(cfg)
     return {m.name: m.higher_is_better for m in tasks.build(cfg.task).metrics}
@@ -94,7 +95,7 @@ WATCHED = ("target", "early_stopping", "best_checkpoint")
 
 def check_watched(trainer: DictConfig, metric_names: list[str]) -> None:
     """Refuse, in one line, a monitor metric that no epoch of this run would measure."""
-    from distlab.run_dir import history_columns
+    from distlab.launch.run_dir import history_columns
 
     figures = [c for c in history_columns(metric_names)
                if c not in ("epoch", "learning_rate", "seconds", "examples_per_sec")]

@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from distlab.errors import ConfigError
-from distlab.objective import builtin_task_metrics, check_watched, finite
+from distlab.launch.results import builtin_task_metrics, check_watched, finite
 
 # --------------------------------------------------------------------------- groups
 

@@ -7,8 +7,8 @@ import math
 import keras
 from omegaconf import DictConfig
 
-from distlab import grad_accumulation
-from distlab.loss_scaling import LossScaleOptimizer
+from distlab.keras_patches import accumulation as grad_accumulation
+from distlab.keras_patches.loss_scaling import LossScaleOptimizer
 from distlab.registry import OPTIMIZERS  # lists the builders here by import path
 
 
@@ -44,7 +44,7 @@ def with_training_options(optimizer: keras.optimizers.Optimizer, grad_accum_step
                           epochs: int | None = None, steps_per_epoch: int | None = None,
                           ) -> keras.optimizers.Optimizer:
     """`optimizer` updating every `grad_accum_steps` batches with their mean gradient
-    (distlab.grad_accumulation), clipping the gradient summed over replicas, wrapped in a
+    (distlab.keras_patches.accumulation), clipping the gradient summed over replicas, wrapped in a
     LossScaleOptimizer for float16. Given the run's `epochs` and `steps_per_epoch`, an
     accumulation longer than the whole run is refused."""
     if epochs is not None and steps_per_epoch is not None:
@@ -59,7 +59,7 @@ def with_training_options(optimizer: keras.optimizers.Optimizer, grad_accum_step
 
 def apply_leftover_gradients(exp) -> bool:
     """End of training: the micro-batches left in a partial accumulation make one last
-    update (see `distlab.grad_accumulation.apply_leftover`)."""
+    update (see `distlab.keras_patches.accumulation.apply_leftover`)."""
     return grad_accumulation.apply_leftover(exp)
 
 

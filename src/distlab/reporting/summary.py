@@ -31,8 +31,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from distlab.objective import maximizes
-from distlab.run_dir import RunDir
+from distlab.launch.results import maximizes
+from distlab.launch.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -455,7 +455,7 @@ class SweepSummary(Callback):
 
 def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
     """The Optuna sweeper's direction if the user set one; else the direction the jobs report
-    for their objective (`distlab.objective`: accuracy up, MAE and times down); else maximise
+    for their objective (`distlab.launch.results`: accuracy up, MAE and times down); else maximise
     by the field's name (run dirs written before jobs reported a direction)."""
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum

@@ -25,11 +25,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from distlab import plugins
-from distlab.cluster import current_task
 from distlab.config import effective, register_configs, training_diff, validate
+from distlab.distribute.cluster import current_task
+from distlab.distribute.preemption import Interrupted
 from distlab.errors import DistlabError, composition_error
-from distlab.preemption import Interrupted
-from distlab.run_dir import RunDir, RunDirBusy
+from distlab.launch.run_dir import RunDir, RunDirBusy
 
 log = logging.getLogger("distlab")
 USER_ERROR, INTERNAL_ERROR = 2, 1  # exit statuses of the `distlab` command
@@ -174,7 +174,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                        "completed" if _already_completed(previous, cfg) else "train")
         strategy = None
         if task.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
-            from distlab import multi_worker, runner
+            from distlab.distribute import multi_worker
+            from distlab.training import runner
 
             strategy = runner.connect(cfg, run_dir.results_json if task.is_chief else None,
                                       failed_results(cfg, "", started))
@@ -194,8 +195,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
         if cfg.mode == "train":
             run_dir.record_start(config)
-        from distlab.monitors import process_started
-        from distlab.runner import execute  # imports TensorFlow
+        from distlab.training.monitors import process_started
+        from distlab.training.runner import execute  # imports TensorFlow
 
         # time_to_target_s counts from the process start in a single run (imports included,
         # as a whole-process benchmark does); in a sweep from the start of the job's own work,

@@ -13,7 +13,7 @@ from pathlib import Path
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.cluster import current_task, expand_tasks_per_node
+from distlab.distribute.cluster import current_task, expand_tasks_per_node
 from distlab.errors import DistlabError
 from distlab.registry import STRATEGIES  # lists the builders here by import path
 
@@ -121,7 +121,8 @@ def multi_worker_mirrored(cfg: DictConfig, results_json: Path | None = None,
         implementation=_COMMUNICATION[cfg.communication])
     report = json.dumps({"path": str(results_json) if results_json else None,
                          "results": failed or {}})
-    watchdog = subprocess.Popen([sys.executable, str(Path(__file__).with_name("watchdog.py")),
+    watchdog_script = str(Path(__file__).parents[1] / "distribute" / "watchdog.py")
+    watchdog = subprocess.Popen([sys.executable, watchdog_script,
                                  str(os.getpid()), str(cfg.connect_timeout_s), report,
                                  *current_task(cfg).workers])
     with open(os.devnull, "w") as sink:

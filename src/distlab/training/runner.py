@@ -18,17 +18,18 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab import data as data_lib
-from distlab import models, multi_worker, optimizers, schedules, strategies, tasks
-from distlab.cluster import Task
+from distlab.components import models, optimizers, schedules, strategies, tasks
 from distlab.config import JIT_ON_LOGICAL_CPUS
+from distlab.data import pipeline as data_lib
+from distlab.distribute import multi_worker
+from distlab.distribute.cluster import Task
+from distlab.distribute.preemption import Interrupted, stop_on_signals
 from distlab.errors import DistlabError, first_line
-from distlab.loops.base import Experiment, stats_size
-from distlab.monitors import Monitors
-from distlab.objective import maximizes, objective_field
-from distlab.preemption import Interrupted, stop_on_signals
+from distlab.launch.results import maximizes, objective_field
+from distlab.launch.run_dir import RunDir, find_checkpoint
 from distlab.registry import LOOPS
-from distlab.run_dir import RunDir, find_checkpoint
+from distlab.training.loops.base import Experiment, stats_size
+from distlab.training.monitors import Monitors
 
 log = logging.getLogger("distlab")
 # the checkpoint's name for Experiment.epoch_sums; checkpoints older than it lack it
@@ -307,7 +308,7 @@ def _evaluate(exp: Experiment) -> dict[str, Any]:
 def objective(name: str | None, task: tasks.Task,
               best_maximizes: bool | None = None) -> dict[str, str]:
     """results.json's `objective` (the field sweepers get: `name`, else the task's first
-    metric) and `objective_direction` (`distlab.objective.maximizes`: task metrics their own
+    metric) and `objective_direction` (`distlab.launch.results.maximizes`: task metrics their own
     way, times and epochs to target down, `best_value` as its metric)."""
     higher = {m.name: m.higher_is_better for m in task.metrics}
     field = objective_field(name, task.metric_names)

@@ -109,7 +109,7 @@ def build(cfg: DictConfig) -> Task:
     task = TASKS.get(cfg.name)(cfg)
     if not isinstance(task, Task):
         raise DistlabError(f"task.name={cfg.name!r} returned {type(task).__name__}; a task "
-                           "builder returns distlab.tasks.Task(loss=..., metrics=[...])")
+                           "builder returns distlab.components.tasks.Task(loss=..., metrics=[...])")
     return task
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from distlab.cluster import Task
+from distlab.distribute.cluster import Task
 from distlab.errors import DistlabError
 
 SUM = tf.distribute.ReduceOp.SUM

@@ -20,14 +20,14 @@ import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.cluster import Task as Worker
-from distlab.data import Data, distribute
+from distlab.components.tasks import Task
+from distlab.data.pipeline import Data, distribute
+from distlab.distribute.cluster import Task as Worker
+from distlab.distribute.preemption import Interrupted, StopRequest
 from distlab.errors import DistlabError
-from distlab.monitors import Monitors
-from distlab.preemption import Interrupted, StopRequest
-from distlab.run_dir import RunDir, history_columns
-from distlab.tasks import Task
-from distlab.throughput import Interval, steady_state
+from distlab.launch.run_dir import RunDir, history_columns
+from distlab.training.monitors import Monitors
+from distlab.training.throughput import Interval, steady_state
 
 log = logging.getLogger("distlab")
 SUM = tf.distribute.ReduceOp.SUM
@@ -256,7 +256,7 @@ class Controller:
             writer.flush()
 
     def throughput(self) -> dict[str, Any]:
-        """results.json's throughput fields: steady state (see distlab.throughput) and the
+        """results.json's throughput fields: steady state (see distlab.training.throughput) and the
         plain mean over every epoch this process trained (`..._overall`)."""
         settings = self.exp.cfg.trainer.throughput
         seconds = sum(r["train_seconds"] for r in self.epochs)
@@ -332,7 +332,7 @@ class Loop:
 
     # ---- distributed pieces shared by the loops
     def _distribute(self, dataset: tf.data.Dataset):
-        """Per replica (features, labels, weights); see `distlab.data.distribute`."""
+        """Per replica (features, labels, weights); see `distlab.data.pipeline.distribute`."""
         return distribute(self.exp.strategy, dataset)
 
     def _batch_stats(self, labels, predictions, per_example_loss, weights):

@@ -11,7 +11,7 @@ global_clipnorm, clipvalue) each replica's own gradient before the cross-replica
 a clipped run depends on the replica count (docs/keras-distribute-bugs.md §4, §6).
 
 Correction, only inside a strategy's replica context (otherwise Keras' own path runs), for
-the Keras versions of `distlab.keras_fixes` and while Keras' `_backend_apply_gradients`
+the Keras versions of `distlab.keras_patches.fixes` and while Keras' `_backend_apply_gradients`
 and `_backend_update_step` are the ones checked:
 - the gradients are summed across replicas first; clipping, weight decay and the update
   step then run on that global gradient (the update skips Keras' own all-reduce, so a
@@ -38,7 +38,7 @@ from keras.src.backend.tensorflow.optimizer import TFOptimizer
 from keras.src.optimizers.base_optimizer import BaseOptimizer
 
 from distlab.errors import DistlabError
-from distlab.keras_fixes import CHECKED_VERSIONS, source_digest
+from distlab.keras_patches.fixes import CHECKED_VERSIONS, source_digest
 
 log = logging.getLogger(__name__)
 SUM = tf.distribute.ReduceOp.SUM
@@ -206,7 +206,7 @@ def apply_leftover(exp: Any) -> bool:
         for a in accumulators:
             a.assign(tf.zeros_like(a.value))
         base._iterations.assign(done - m + steps)  # the next micro-batch opens a new cycle
-    from distlab.loops.base import save_checkpoint  # loops import the optimizers' users
+    from distlab.training.loops.base import save_checkpoint  # loops import the optimizers' users
 
     path = save_checkpoint(exp, int(exp.epoch.numpy()), int(exp.step_in_epoch.numpy()))
     log.info("trainer.grad_accum_steps=%d: the last %d micro-batch(es) made one more update "

@@ -25,7 +25,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
-from distlab import data_cache
+from distlab.data import cache as data_cache
 from distlab.errors import DistlabError, described
 
 log = logging.getLogger(__name__)
@@ -331,8 +331,8 @@ def _tfds_splits(cfg: DictConfig) -> Splits:
 
 def _user_splits(cfg: DictConfig) -> Splits:
     """A user's dataset builder (`dataset.name`): DataSplits of datasets or arrays."""
+    from distlab.data.splits import DataSplits
     from distlab.registry import DATASETS
-    from distlab.splits import DataSplits
 
     key = f"dataset.name={cfg.name!r}"
     try:

@@ -1,6 +1,6 @@
 """`loop=keras_fit`: model.compile + model.fit inside the strategy scope.
 
-fit gets the same per-replica rows and weights as the custom loop (`distlab.data.
+fit gets the same per-replica rows and weights as the custom loop (`distlab.data.pipeline.
 distribute`): the compiled loss weighs the rows so a short batch averages over its real
 examples, and the history's loss and task metrics are Keras metrics over the real rows
 only (summed in float64, like the custom loop's). A run resumed mid-epoch adds the
@@ -19,9 +19,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from distlab import keras_fixes
 from distlab.errors import DistlabError
-from distlab.loops.base import Loop
+from distlab.keras_patches import fixes as keras_fixes
+from distlab.training.loops.base import Loop
 
 
 class RealExamplesMean(keras.metrics.MeanMetricWrapper):
@@ -131,5 +131,5 @@ class KerasFitLoop(Loop):
             steps_per_epoch=steps - skip_steps if end == first + 1 else steps,
             callbacks=[_EpochCallback(self, steps - skip_steps, skip_steps)],
             verbose=exp.cfg.loop.verbose,
-            shuffle=False,  # the stream is already shuffled per epoch (see distlab.data)
+            shuffle=False,  # the stream is already shuffled per epoch (see distlab.data.pipeline)
         )

@@ -1,0 +1,8 @@
+"""The two training loops, one interface (`distlab.training.loops.base.Loop`); registered by import
+path in `distlab.registry.LOOPS`."""
+
+from distlab.training.loops.base import Loop
+from distlab.training.loops.custom import CustomLoop
+from distlab.training.loops.keras_fit import KerasFitLoop
+
+__all__ = ["Loop", "CustomLoop", "KerasFitLoop"]

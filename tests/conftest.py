@@ -166,13 +166,13 @@ def stop_at(monkeypatch, epoch: int, step: int) -> None:
     """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
     import signal
 
-    from distlab.training.loops.base import Controller
+    from distlab.training.controller import Controller
 
     original = Controller.step_end
 
     def step_end(self, e, steps_done, loss):
         if (e, steps_done) == (epoch, step):
-            self.exp.stop.signum = signal.SIGTERM
+            self.stop.signum = signal.SIGTERM
         original(self, e, steps_done, loss)
 
     monkeypatch.setattr(Controller, "step_end", step_end)

@@ -41,17 +41,18 @@ def _same_rows(resumed: Path, uninterrupted: Path) -> None:
 
 
 def _record_rows(monkeypatch) -> list[dict]:
-    """The rows the Controller makes from now on (with the fields history.csv leaves out)."""
-    from distlab.training.loops.base import Controller
+    """The rows the Controller records from now on (with the fields history.csv leaves
+    out)."""
+    from distlab.training.actions.history import History
 
     rows: list[dict] = []
-    original = Controller.epoch_end
+    original = History.record
 
-    def epoch_end(self, *args, **kwargs):
-        rows.append(original(self, *args, **kwargs))
-        return rows[-1]
+    def record(self, row):
+        rows.append(row)
+        return original(self, row)
 
-    monkeypatch.setattr(Controller, "epoch_end", epoch_end)
+    monkeypatch.setattr(History, "record", record)
     return rows
 
 
@@ -96,10 +97,10 @@ def test_checkpoint_without_epoch_sums_still_resumes(run_inprocess, monkeypatch,
                                                      caplog):
     """A mid-epoch checkpoint written before checkpoints kept the epoch's sums resumes, with
     one warning that its epoch's row covers only the steps after the resume."""
-    from distlab.training import runner
+    from distlab.training import checkpoints
 
     args = ("loop=custom", "strategy=default", *SMALL, "trainer.steps_per_epoch=6")
-    monkeypatch.setattr(runner, "EPOCH_SUMS", "some_other_name")  # not saved as epoch_sums
+    monkeypatch.setattr(checkpoints, "EPOCH_SUMS", "some_other_name")  # not saved as epoch_sums
     stop_at(monkeypatch, epoch=1, step=2)
     with pytest.raises(SystemExit):
         run_inprocess(*args, out=tmp_path / "r")

@@ -1,4 +1,4 @@
-"""Steady-state throughput (distlab.training.throughput) and its sweep summary columns."""
+"""Steady-state throughput (distlab.training.actions.throughput) and its sweep summary columns."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from distlab.reporting.summary import SweepSummary, find_jobs, scaling_efficiency, swept_keys
-from distlab.training.throughput import Interval, steady_state
+from distlab.training.actions.throughput import Interval, steady_state
 
 
 def _epoch(epoch: int, rates: list[float], steps: int = 10, batch: int = 100) -> list[Interval]:

@@ -190,7 +190,7 @@ def test_watched_metrics_must_be_per_epoch_figures_of_the_task(overrides, needle
 
     from distlab.components import tasks
     from distlab.errors import DistlabError
-    from distlab.training.monitors import Monitors
+    from distlab.training.actions.monitors import Monitors
 
     cfg = compose(overrides)
     task = tasks.build(cfg.task)
@@ -202,7 +202,7 @@ def test_monitor_directions_follow_the_task():
     from conftest import compose
 
     from distlab.components import tasks
-    from distlab.training.monitors import direction
+    from distlab.training.actions.monitors import direction
 
     classification = tasks.build(compose([]).task)
     regression = tasks.build(compose(["task=regression"]).task)

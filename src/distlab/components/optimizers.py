@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import keras
+import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab.keras_patches import accumulation as grad_accumulation
@@ -57,10 +59,11 @@ def with_training_options(optimizer: keras.optimizers.Optimizer, grad_accum_step
     return optimizer
 
 
-def apply_leftover_gradients(exp) -> bool:
+def apply_leftover_gradients(optimizer: keras.optimizers.Optimizer,
+                             strategy: tf.distribute.Strategy, save: Callable[[], str]) -> bool:
     """End of training: the micro-batches left in a partial accumulation make one last
-    update (see `distlab.keras_patches.accumulation.apply_leftover`)."""
-    return grad_accumulation.apply_leftover(exp)
+    update, then `save()` checkpoints it (see `keras_patches.accumulation.apply_leftover`)."""
+    return grad_accumulation.apply_leftover(optimizer, strategy, save)
 
 
 def build(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:

@@ -13,7 +13,7 @@ from pathlib import Path
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.distribute.cluster import current_task, expand_tasks_per_node
+from distlab.distribute.cluster import current_worker, expand_tasks_per_node
 from distlab.errors import DistlabError
 from distlab.registry import STRATEGIES  # lists the builders here by import path
 
@@ -124,7 +124,7 @@ def multi_worker_mirrored(cfg: DictConfig, results_json: Path | None = None,
     watchdog_script = str(Path(__file__).parents[1] / "distribute" / "watchdog.py")
     watchdog = subprocess.Popen([sys.executable, watchdog_script,
                                  str(os.getpid()), str(cfg.connect_timeout_s), report,
-                                 *current_task(cfg).workers])
+                                 *current_worker(cfg).workers])
     with open(os.devnull, "w") as sink:
         faulthandler.dump_traceback_later(cfg.connect_timeout_s + GRACE_S, exit=True, file=sink)
         try:

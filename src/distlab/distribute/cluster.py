@@ -17,7 +17,9 @@ from distlab.errors import DistlabError
 
 
 @dataclass
-class Task:
+class Worker:
+    """This process's role in the cluster (a lone chief outside one)."""
+
     type: str | None = None  # "worker" / "chief"; None outside a cluster
     index: int = 0
     workers: list[str] = field(default_factory=list)  # host:port of every task
@@ -35,20 +37,20 @@ class Task:
         return self.type == "worker" and self.index == 0 and not self.has_chief
 
 
-def current_task(strategy_cfg: DictConfig) -> Task:
+def current_worker(strategy_cfg: DictConfig) -> Worker:
     """This process's task for `strategy=multi_worker_mirrored`; a lone chief otherwise."""
     if strategy_cfg.name != "multi_worker_mirrored":
-        return Task()
+        return Worker()
     if strategy_cfg.cluster_resolver == "slurm":
-        return slurm_task(strategy_cfg.slurm_port_base)
+        return slurm_worker(strategy_cfg.slurm_port_base)
     raw = os.environ.get("TF_CONFIG")
     if not raw:
-        return Task()  # a single local worker
+        return Worker()  # a single local worker
     try:
         tf_config = json.loads(raw)
         cluster, task = tf_config.get("cluster", {}), tf_config.get("task", {})
         workers = [a for role in ("chief", "worker") for a in cluster.get(role, [])]
-        return Task(type=task["type"], index=int(task.get("index", 0)), workers=workers,
+        return Worker(type=task["type"], index=int(task.get("index", 0)), workers=workers,
                     has_chief=bool(cluster.get("chief")))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DistlabError(
@@ -57,7 +59,7 @@ def current_task(strategy_cfg: DictConfig) -> Task:
         ) from None
 
 
-def slurm_task(port_base: int) -> Task:
+def slurm_worker(port_base: int) -> Worker:
     """This srun task, and every task's host:port as TF's SlurmClusterResolver lays them out
     (hosts sorted, tasks of a host on consecutive ports from `port_base`)."""
     try:
@@ -73,7 +75,7 @@ def slurm_task(port_base: int) -> Task:
     tasks = dict(zip(hosts, per_host, strict=False))
     workers = [f"{host}:{port_base + offset}" for host in sorted(tasks)
                for offset in range(tasks[host])]
-    return Task(type="worker", index=procid, workers=workers)
+    return Worker(type="worker", index=procid, workers=workers)
 
 
 def expand_hostlist(hostlist: str) -> list[str]:

@@ -7,8 +7,8 @@
   worker trains, or waits, alone.
 - `restore_from_chief`: resume from the chief's latest checkpoint even when only the
   chief's disk holds the run dir: the chief restores, then every variable of what a
-  checkpoint holds (`Experiment.state`: model, optimizer, counters, epoch sums, monitors)
-  is broadcast; an evaluation broadcasts the model and epoch only.
+  checkpoint holds (`Checkpoints.state`: model, optimizer, counters, epoch sums, monitors,
+  the loop's own items) is broadcast; an evaluation broadcasts the model and epoch only.
 - `preemption_handler`: TensorFlow's PreemptionCheckpointHandler; SIGTERM to any worker
   makes all of them save at the same step (through distlab's own save) and stop.
 - `lost_worker`: a peer's death as one line naming it.
@@ -26,7 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from distlab.distribute.cluster import Task
+from distlab.distribute.cluster import Worker
 from distlab.errors import DistlabError
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -95,20 +95,22 @@ def state_variables(state: dict[str, Any]) -> list:
     return list(found.values())
 
 
-def restore_from_chief(exp, latest: str | None, restore: Callable[[str], None],
-                       state: dict[str, Any] | None = None) -> None:
+def restore_from_chief(strategy: tf.distribute.Strategy, checkpoint: tf.train.Checkpoint,
+                       latest: str | None, restore: Callable[[str], None],
+                       state: dict[str, Any]) -> None:
     """Give every worker the chief's checkpoint `latest` (None: no checkpoint, or not the
-    chief): `restore(prefix)` restores it on the chief, then the variables of `state`
-    (default `exp.state`, all a checkpoint holds) are broadcast."""
-    with exp.strategy.scope():
-        exp.checkpoint.save_counter  # noqa: B018 - created now on every worker, not lazily
+    chief): `restore(prefix)` restores it on the chief, then the variables of `state` (what
+    the checkpoint holds, `training.checkpoints.Checkpoints.state`, or an evaluation's model
+    and epoch) are broadcast."""
+    with strategy.scope():
+        checkpoint.save_counter  # noqa: B018 - created now on every worker, not lazily
     if latest:  # only the chief has it
         restore(latest)
-    found = from_chief(exp.strategy, [tf.constant(1 if latest else 0, tf.int64)])[0]
+    found = from_chief(strategy, [tf.constant(1 if latest else 0, tf.int64)])[0]
     if not int(found):
         return
-    variables = state_variables(exp.state if state is None else state)
-    for variable, value in zip(variables, from_chief(exp.strategy, variables), strict=True):
+    variables = state_variables(state)
+    for variable, value in zip(variables, from_chief(strategy, variables), strict=True):
         variable.assign(value)
 
 
@@ -127,14 +129,14 @@ def preemption_handler(exp, scratch: Path, save: Callable[[], str],
         exp.strategy.cluster_resolver, tf.train.Checkpoint(), str(scratch), config)
 
 
-def lost_worker(error: tf.errors.OpError, task: Task, latest: str | None) -> DistlabError:
+def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) -> DistlabError:
     """One line naming the worker a collective lost, for every surviving worker."""
     text = str(error)
-    lost = [w for w in task.workers if w in text]
+    lost = [w for w in worker.workers if w in text]
     for index in re.findall(r"/job:(?:worker|chief)/replica:\d+/task:(\d+)", text):
-        if int(index) < len(task.workers) and int(index) != task.index:
-            lost.append(task.workers[int(index)])
-    others = [w for i, w in enumerate(task.workers) if i != task.index]
+        if int(index) < len(worker.workers) and int(index) != worker.index:
+            lost.append(worker.workers[int(index)])
+    others = [w for i, w in enumerate(worker.workers) if i != worker.index]
     who = ", ".join(dict.fromkeys(lost)) or (
         others[0] if len(others) == 1 else "a peer (one of " + ", ".join(others) + ")")
     lines = [line.strip() for line in text.splitlines() if line.strip()]

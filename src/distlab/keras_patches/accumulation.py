@@ -30,7 +30,7 @@ the optimizer starts a fresh cycle.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
 import keras
 import tensorflow as tf
@@ -182,17 +182,18 @@ def pending(optimizer: keras.optimizers.Optimizer) -> int:
     return int(base._iterations.numpy()) % steps if steps > 1 else 0
 
 
-def apply_leftover(exp: Any) -> bool:
-    """End of training (`exp`: a loops.base.Experiment): apply the m micro-batches left over
+def apply_leftover(optimizer: keras.optimizers.Optimizer, strategy: tf.distribute.Strategy,
+                   save: Callable[[], str]) -> bool:
+    """End of training: apply the m micro-batches left over
     in the accumulators (fewer than trainer.grad_accum_steps) as one update with their mean
     gradient, as the update of the last micro-batch's step would (its learning rate; clipped,
     weight decay; their gradients were unscaled and checked finite by a LossScaleOptimizer
-    when added), then start a fresh cycle and save the checkpoint again. Return whether it
+    when added), then start a fresh cycle and checkpoint again (`save()`). Return whether it
     updated (nothing left over: no-op, so a rerun of a finished run changes nothing)."""
-    m = pending(exp.optimizer)
+    m = pending(optimizer)
     if not m:
         return False
-    base, strategy = _base(exp.optimizer), exp.strategy
+    base = _base(optimizer)
     steps, done = base.gradient_accumulation_steps, int(base._iterations.numpy())
     variables = list(base._trainable_variables)
     accumulators = [base._accumulated_gradients[base._get_variable_index(v)] for v in variables]
@@ -206,9 +207,7 @@ def apply_leftover(exp: Any) -> bool:
         for a in accumulators:
             a.assign(tf.zeros_like(a.value))
         base._iterations.assign(done - m + steps)  # the next micro-batch opens a new cycle
-    from distlab.training.loops.base import save_checkpoint  # loops import the optimizers' users
-
-    path = save_checkpoint(exp, int(exp.epoch.numpy()), int(exp.step_in_epoch.numpy()))
+    path = save()
     log.info("trainer.grad_accum_steps=%d: the last %d micro-batch(es) made one more update "
              "with the mean of their gradients (%s)", steps, m, path)
     return True

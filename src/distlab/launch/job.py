@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -26,13 +27,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab import plugins
 from distlab.config import effective, register_configs, training_diff, validate
-from distlab.distribute.cluster import current_task
+from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import Interrupted
 from distlab.errors import DistlabError, composition_error
 from distlab.launch.run_dir import RunDir, RunDirBusy
 
 log = logging.getLogger("distlab")
 USER_ERROR, INTERNAL_ERROR = 2, 1  # exit statuses of the `distlab` command
+_IMPORTED = time.time()
 
 
 @dataclass
@@ -159,27 +161,27 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     try:
         validate(cfg)
         plugins.check(cfg)  # user code imported, every group's name resolved
-        task = current_task(cfg.strategy)
-        if not task.is_chief:  # only the chief writes the run dir; workers write to scratch
-            scratch = Path(tempfile.mkdtemp(prefix=f"distlab-{task.type}{task.index}-"))
+        worker = current_worker(cfg.strategy)
+        if not worker.is_chief:  # only the chief writes the run dir; workers write to scratch
+            scratch = Path(tempfile.mkdtemp(prefix=f"distlab-{worker.type}{worker.index}-"))
             run_dir = RunDir(scratch)
         run_dir.check_writable()
         run_dir.lock()  # one job per run directory (a dead holder's lock is released)
         config = OmegaConf.to_container(cfg, resolve=True)
         verdict, refusal, previous = "train", None, None
-        if task.is_chief:
+        if worker.is_chief:
             refusal = rerun_refusal(run_dir, config, cfg.mode)
             previous = run_dir.read_results()
             verdict = ("refused" if refusal else
                        "completed" if _already_completed(previous, cfg) else "train")
         strategy = None
-        if task.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
+        if worker.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
             from distlab.distribute import multi_worker
             from distlab.training import runner
 
-            strategy = runner.connect(cfg, run_dir.results_json if task.is_chief else None,
+            strategy = runner.connect(cfg, run_dir.results_json if worker.is_chief else None,
                                       failed_results(cfg, "", started))
-            verdict = multi_worker.agree(strategy, verdict if task.is_chief else None)
+            verdict = multi_worker.agree(strategy, verdict if worker.is_chief else None)
         if verdict == "refused":
             run_dir.restore_hydra()  # leave the directory exactly as it was
             error = refusal or "the chief refused this run; see its output"
@@ -195,14 +197,13 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
         if cfg.mode == "train":
             run_dir.record_start(config)
-        from distlab.training.monitors import process_started
         from distlab.training.runner import execute  # imports TensorFlow
 
         # time_to_target_s counts from the process start in a single run (imports included,
         # as a whole-process benchmark does); in a sweep from the start of the job's own work,
         # after TensorFlow's import, which only a process's first job pays (so jobs compare)
         origin = None if multirun else process_started()
-        results = execute(cfg, run_dir, strategy=strategy, task=task, origin=origin)
+        results = execute(cfg, run_dir, strategy=strategy, worker=worker, origin=origin)
         if scratch is None:
             run_dir.write_results(results)
             log.info("results: %s", run_dir.results_json)
@@ -230,6 +231,18 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         run_dir.unlock()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def process_started() -> float:
+    """Unix time at which this process started (Linux /proc), else when distlab loaded."""
+    try:
+        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # field 22, starttime, in clock ticks after boot
+        boot = next(int(line.split()[1]) for line in open("/proc/stat")
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED
 
 
 def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:

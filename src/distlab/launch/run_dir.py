@@ -25,10 +25,16 @@ HISTORY_COLUMNS = ["epoch", "learning_rate", "loss", "accuracy", "val_loss", "va
                    "seconds", "examples_per_sec"]  # a classification task's history.csv
 
 
+def figure_columns(metrics: list[str]) -> list[str]:
+    """history.csv's figures for a task with these metric names: training, then validation."""
+    return ["loss", *metrics, "val_loss", *(f"val_{m}" for m in metrics)]
+
+
 def history_columns(metrics: list[str]) -> list[str]:
     """history.csv's columns for a task with these metric names."""
-    return ["epoch", "learning_rate", "loss", *metrics, "val_loss",
-            *(f"val_{m}" for m in metrics), "seconds", "examples_per_sec"]
+    return ["epoch", "learning_rate", *figure_columns(metrics), "seconds", "examples_per_sec"]
+
+
 RESULTS_FIELDS = ["status", "loop", "strategy", "num_replicas", "batch_size_per_replica",
                   "global_batch_size", "epochs_completed", "test_loss", "test_accuracy",
                   "train_examples_per_sec", "wall_time_s"]
@@ -222,21 +228,3 @@ def check_output_dir_args(argv: list[str]) -> str | None:
         return (f"{option}={target} cannot be created: {existing} {kind}. Choose another with "
                 f"{option}=...")
     return None
-
-
-def find_checkpoint(ckpt_path: str) -> str:
-    """A checkpoint prefix from a run dir, its checkpoints/ dir, or a prefix itself."""
-    import tensorflow as tf
-
-    path = Path(ckpt_path).expanduser()
-    for directory in (path / "checkpoints", path):
-        if directory.is_dir():
-            latest = tf.train.latest_checkpoint(str(directory))
-            if latest:
-                return latest
-    if Path(f"{path}.index").exists():
-        return str(path)
-    raise DistlabError(
-        f"ckpt_path={ckpt_path!r} holds no checkpoint: give a run directory with checkpoints/, "
-        "a checkpoints/ directory, or a prefix such as <run dir>/checkpoints/ckpt-3"
-    )

@@ -1,5 +1,5 @@
-"""The two training loops, one interface (`distlab.training.loops.base.Loop`); registered by import
-path in `distlab.registry.LOOPS`."""
+"""The training loops, one interface (`base.Loop`: a loop implements its steps, the
+Controller drives the epochs); registered by import path in `distlab.registry.LOOPS`."""
 
 from distlab.training.loops.base import Loop
 from distlab.training.loops.custom import CustomLoop

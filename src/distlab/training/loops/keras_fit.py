@@ -3,17 +3,18 @@
 fit gets the same per-replica rows and weights as the custom loop (`distlab.data.pipeline.
 distribute`): the compiled loss weighs the rows so a short batch averages over its real
 examples, and the history's loss and task metrics are Keras metrics over the real rows
-only (summed in float64, like the custom loop's). A run resumed mid-epoch adds the
-checkpoint's sums of the epoch's first steps to those metrics' totals, so its row covers
-the whole epoch. Every epoch runs exactly `steps_per_epoch` steps whatever
-`loop.steps_per_execution` is: when the block size does not divide the epoch, each epoch is
-a fit of its own over exactly its own batches, so Keras' last block of the epoch stops where
-the data does.
+only (summed in float64, like the custom loop's). fit runs its own epochs, so this loop
+overrides `Loop.run`: a Keras callback calls the Controller's epoch and step hooks (the
+adapter), and the Controller adds a resumed epoch's first steps, from the checkpoint, to
+those metrics' totals, so its row covers the whole epoch. Every epoch runs exactly
+`steps_per_epoch` steps whatever `loop.steps_per_execution` is: when the block size does not
+divide the epoch, each epoch is a fit of its own over exactly its own batches, so Keras'
+last block of the epoch stops where the data does.
 """
 
 from __future__ import annotations
 
-import time
+from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
@@ -23,10 +24,13 @@ from distlab.errors import DistlabError
 from distlab.keras_patches import fixes as keras_fixes
 from distlab.training.loops.base import Loop
 
+if TYPE_CHECKING:
+    from distlab.training.controller import Controller
+
 
 class RealExamplesMean(keras.metrics.MeanMetricWrapper):
     """The mean of `fn` over real rows: a sample weight > 0 counts 1, padding (0) counts 0.
-    Its `total` and `count` are the sums `Loop._batch_stats` makes."""
+    Its `total` and `count` are the sums `Loop.batch_stats` makes."""
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         if sample_weight is not None:
@@ -35,33 +39,27 @@ class RealExamplesMean(keras.metrics.MeanMetricWrapper):
 
 
 class _EpochCallback(keras.callbacks.Callback):
-    """Feeds the shared Controller (NaN guard, preemption, history row, scalars, checkpoint)
-    and adds the validation figures measured by the loops' shared evaluation."""
+    """The adapter: fit's epoch and batch hooks call the Controller's (NaN guard, preemption,
+    validation, history row, scalars, monitors, checkpoints)."""
 
-    def __init__(self, loop: KerasFitLoop, steps: int, skip_steps: int = 0) -> None:
+    def __init__(self, controller: Controller, steps: int, skip_steps: int = 0) -> None:
         super().__init__()
-        self.loop, self.steps, self.skip_steps = loop, steps, skip_steps
-        self._epoch_start, self._epoch, self._steps = 0.0, 0, 0
+        self.controller, self.steps, self.skip_steps = controller, steps, skip_steps
+        self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start, self._epoch, self._steps = time.time(), epoch, 0
-        self.loop.controller.epoch_begin(epoch, self.skip_steps)
+        self._epoch = epoch
+        self.controller.epoch_begin(epoch, self.skip_steps)
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps = min(batch + 1, self.steps)  # a last block may run fewer steps
+        steps = min(batch + 1, self.steps)  # a last block may run fewer steps
         loss = float((logs or {}).get("loss", 0.0))
-        self.loop.controller.step_end(self._epoch, self.skip_steps + self._steps, loss)
+        self.controller.step_end(self._epoch, self.skip_steps + steps, loss)
 
     def on_epoch_end(self, epoch, logs=None):
-        train_end = time.time()
-        # the whole epoch's figures: a resumed epoch's earlier steps included
-        metrics = self.loop.with_validation(epoch, self.loop.means(self.loop.running_sums()))
-        self.loop.resumed = np.zeros(self.loop.num_stats)
-        self.loop.controller.epoch_end(epoch, metrics, time.time() - self._epoch_start,
-                                       train_end - self._epoch_start, self._steps)
-        self.skip_steps = 0
-        if self.loop.controller.finished:  # target reached (with stop), or early stopping
+        if self.controller.epoch_end(epoch):  # target reached (with stop), or early stopping
             self.model.stop_training = True
+        self.skip_steps = 0
 
 
 class KerasFitLoop(Loop):
@@ -82,7 +80,6 @@ class KerasFitLoop(Loop):
                 "corrects only for the Keras versions it was checked with. Use "
                 "loop.steps_per_execution=1, or loop=custom with loop.steps_per_loop")
         task = exp.task
-        self.resumed = np.zeros(self.num_stats)  # sums of the steps before a mid-epoch resume
         with exp.strategy.scope():
             # float64 sums, as Loop._batch_stats: a resumed epoch adds up to the same figures
             self._metrics = [RealExamplesMean(task.loss, name="example_loss", dtype="float64"),
@@ -97,39 +94,38 @@ class KerasFitLoop(Loop):
             )
 
     def running_sums(self) -> np.ndarray:
-        """The epoch's sums so far: the resumed part plus the compiled metrics' totals (the
-        fit resets them each epoch), read across replicas (and workers: every worker reads)."""
+        """The sums of the steps this fit epoch ran: the compiled metrics' totals (the fit
+        resets them each epoch), read across replicas (and workers: every worker reads)."""
         loss = self._metrics[0]
         fit = [loss.total, *(m.total for m in self._metrics[1:]), loss.count]
-        return self.resumed + np.array([float(v.numpy()) for v in fit])
+        return np.array([float(v.numpy()) for v in fit])
 
-    def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
+    def run(self, controller: Controller, initial_epoch: int, skip_steps: int = 0) -> None:
         epochs, steps = self.exp.cfg.trainer.epochs, self.exp.data.steps_per_epoch
         block = self.exp.cfg.loop.steps_per_execution
-        self.resumed = self.resumed_sums(skip_steps)
         if skip_steps:  # resumed mid-epoch: finish that epoch first, in a fit of its own
-            self._fit(initial_epoch, initial_epoch + 1, skip_steps)
+            self._fit(controller, initial_epoch, initial_epoch + 1, skip_steps)
             initial_epoch += 1
-            if self.controller.finished:
+            if controller.finished:
                 return
         if block > 1 and steps % block:  # blocks straddle epochs: one fit per epoch
             for epoch in range(initial_epoch, epochs):
-                if self.controller.finished:
+                if controller.finished:
                     break
-                self._fit(epoch, epoch + 1)
-        elif initial_epoch < epochs and not self.controller.finished:
-            self._fit(initial_epoch, epochs)
+                self._fit(controller, epoch, epoch + 1)
+        elif initial_epoch < epochs and not controller.finished:
+            self._fit(controller, initial_epoch, epochs)
 
-    def _fit(self, first: int, end: int, skip_steps: int = 0) -> None:
+    def _fit(self, controller: Controller, first: int, end: int, skip_steps: int = 0) -> None:
         """fit epochs [first, end) on exactly their batches (`first` minus `skip_steps`)."""
         exp = self.exp
         steps = exp.data.steps_per_epoch
         exp.model.fit(
-            self._distribute(exp.data.train_epochs(first, end, skip_steps)),
+            self.distribute(exp.data.train_epochs(first, end, skip_steps)),
             epochs=end,
             initial_epoch=first,
             steps_per_epoch=steps - skip_steps if end == first + 1 else steps,
-            callbacks=[_EpochCallback(self, steps - skip_steps, skip_steps)],
+            callbacks=[_EpochCallback(controller, steps - skip_steps, skip_steps)],
             verbose=exp.cfg.loop.verbose,
-            shuffle=False,  # the stream is already shuffled per epoch (see distlab.data.pipeline)
+            shuffle=False,  # the stream is already shuffled per epoch (see distlab.data)
         )

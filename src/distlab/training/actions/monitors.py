@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,20 +20,7 @@ from distlab.components.tasks import Task
 from distlab.launch.results import check_watched, metric_direction
 
 log = logging.getLogger("distlab")
-_IMPORTED = time.time()
 STOP_REASONS = ("", "target", "early_stopping")
-
-
-def process_started() -> float:
-    """Unix time at which this process started (Linux /proc), else when distlab loaded."""
-    try:
-        fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])  # field 22, starttime, in clock ticks after boot
-        boot = next(int(line.split()[1]) for line in open("/proc/stat")
-                    if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return _IMPORTED
 
 
 def direction(metric: str, mode: str, task: Task) -> str:

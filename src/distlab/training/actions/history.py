@@ -1,0 +1,59 @@
+"""An epoch's row: history.csv, the one-line summary and the TensorBoard scalars.
+
+The scalars use the tags `keras.callbacks.TensorBoard` writes (`epoch_loss`,
+`epoch_accuracy`... under logs/train and logs/validation), for both loops.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tensorflow as tf
+
+from distlab.launch.run_dir import RunDir, figure_columns, history_columns
+
+log = logging.getLogger("distlab")
+
+
+class History:
+    """Records each epoch's row (see `distlab.launch.run_dir.history_columns`)."""
+
+    def __init__(self, run_dir: RunDir, metric_names: list[str], epochs: int) -> None:
+        self.run_dir, self.metric_names, self.epochs = run_dir, metric_names, epochs
+        self.columns = history_columns(metric_names)
+        self.figures = figure_columns(metric_names)
+        logs = run_dir.logs
+        self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
+                         "validation": tf.summary.create_file_writer(str(logs / "validation"))}
+
+    def row(self, epoch: int, learning_rate: float, figures: dict[str, float | None],
+            **timing: float) -> dict[str, Any]:
+        """Epoch `epoch`'s (0-based) row: every column, figures not measured as None."""
+        return {"epoch": epoch + 1, "learning_rate": learning_rate,
+                **{key: figures.get(key) for key in self.figures}, **timing}
+
+    def record(self, row: dict[str, Any]) -> None:
+        self.run_dir.append_history(row, self.columns)
+        self._write_scalars(row)
+        log.info(self.summary(row))
+
+    def summary(self, row: dict[str, Any]) -> str:
+        parts = [f"epoch {row['epoch']}/{self.epochs}",
+                 f"learning_rate {row['learning_rate']:.3g}"]
+        parts += [f"{key} {row[key]:.4f}" for key in self.figures if row[key] is not None]
+        parts += [f"{row['seconds']:.1f}s", f"{row['examples_per_sec']:.0f} examples/sec"]
+        return " - ".join(parts)
+
+    def _write_scalars(self, row: dict[str, Any]) -> None:
+        step = row["epoch"] - 1
+        names = ["loss", *self.metric_names]
+        with self._writers["train"].as_default(step=step):
+            for key in (*names, "learning_rate", "examples_per_sec"):
+                tf.summary.scalar(f"epoch_{key}", row[key])
+        if row["val_loss"] is not None:
+            with self._writers["validation"].as_default(step=step):
+                for key in names:
+                    tf.summary.scalar(f"epoch_{key}", row[f"val_{key}"])
+        for writer in self._writers.values():
+            writer.flush()

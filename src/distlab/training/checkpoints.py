@@ -1,0 +1,248 @@
+"""What a checkpoint holds, and saving, resuming and restoring it: one list, one home.
+
+`Checkpoints.state` names every object a checkpoint holds: the model, the optimizer, the
+epoch and step-in-epoch counters, the interrupted epoch's running sums, the monitors' state,
+the layers' random-generator states and whatever the loop adds (`Loop.state()`). The
+`tf.train.Checkpoint` is made of it, and a multi-worker resume broadcasts exactly its
+variables from the chief (`distribute.multi_worker.restore_from_chief`), so an item added
+here is saved, resumed and broadcast alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from distlab.components import models
+from distlab.distribute import multi_worker
+from distlab.errors import DistlabError, first_line
+from distlab.launch.run_dir import RunDir
+from distlab.training.experiment import Experiment
+
+log = logging.getLogger("distlab")
+# the checkpoint's name for the epoch's running sums; checkpoints older than it lack it
+EPOCH_SUMS = "epoch_sums"
+
+
+def stats_size(task: Any) -> int:
+    """Length of a batch-stats vector (`Loop.batch_stats`) and of the epoch sums: the loss
+    sum, one sum per task metric, the count of real examples."""
+    return len(task.metrics) + 2
+
+
+class Checkpoints:
+    """The run's checkpoints (`checkpoints/ckpt-<step>`, and `checkpoints/best/`)."""
+
+    def __init__(self, exp: Experiment, extra: dict[str, Any] | None = None) -> None:
+        """`extra`: the loop's own items (`Loop.state()`), saved and restored with the rest."""
+        self.exp = exp
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")  # done
+        # steps done in epoch `epoch` (non-zero after a preemption)
+        self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="step_in_epoch")
+        # the running sums of those steps (float64), so a run resumed mid-epoch records the
+        # whole epoch
+        self.epoch_sums = tf.Variable(tf.zeros([stats_size(exp.task)], tf.float64),
+                                      trainable=False, name=EPOCH_SUMS)
+        own = {"model": exp.model, "optimizer": exp.optimizer, "epoch": self.epoch,
+               "step_in_epoch": self.step_in_epoch, EPOCH_SUMS: self.epoch_sums,
+               **exp.monitors.state, **rng_states(exp.model)}
+        clash = sorted(set(own) & set(extra or {}))
+        if clash:
+            raise DistlabError(f"loop={exp.cfg.loop.name}: its state() names "
+                               f"{', '.join(clash)}, which distlab's checkpoint already holds; "
+                               "rename them")
+        self.state: dict[str, Any] = {**own, **(extra or {})}
+        self.checkpoint = tf.train.Checkpoint(**self.state)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, str(exp.run_dir.checkpoints),
+            max_to_keep=exp.cfg.trainer.max_checkpoints)
+        self.best = (tf.train.CheckpointManager(self.checkpoint,
+                                                str(exp.run_dir.best_checkpoints), max_to_keep=1)
+                     if exp.monitors.best else None)
+
+    @property
+    def latest(self) -> str | None:
+        return self.manager.latest_checkpoint
+
+    @property
+    def best_latest(self) -> str | None:
+        return self.best.latest_checkpoint if self.best else None
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """(epochs done, steps into the next) as the counters hold them."""
+        return int(self.epoch.numpy()), int(self.step_in_epoch.numpy())
+
+    def resumed_sums(self) -> np.ndarray:
+        """The running sums of the steps before a mid-epoch resume (zeros at a boundary)."""
+        if self.position[1]:
+            return self.epoch_sums.numpy().astype(np.float64)
+        return np.zeros(stats_size(self.exp.task))
+
+    # ---- saving
+    def save(self, epochs_done: int, steps_in_epoch: int,
+             sums: np.ndarray | None = None) -> str:
+        """ckpt-<training step> at this step boundary, mid-epoch with the epoch's running
+        `sums` (the step counts batches: micro-batches under trainer.grad_accum_steps)."""
+        self.epoch.assign(epochs_done)
+        self.step_in_epoch.assign(steps_in_epoch)
+        if steps_in_epoch and sums is not None:
+            self.epoch_sums.assign(sums)
+        else:  # an epoch boundary (or a loop that keeps no sums)
+            self.epoch_sums.assign(tf.zeros_like(self.epoch_sums))
+        step = epochs_done * self.exp.data.steps_per_epoch + steps_in_epoch
+        return self.manager.save(checkpoint_number=step)
+
+    def save_again(self) -> str:
+        """A checkpoint at the counters' position (after a change made after the last one)."""
+        epochs_done, steps = self.position
+        return self.save(epochs_done, steps, self.epoch_sums.numpy() if steps else None)
+
+    def save_best(self, epoch: int) -> None:
+        """checkpoints/best/ckpt-<epoch> (1-based), after `epoch` ended."""
+        self.epoch.assign(epoch)
+        self.step_in_epoch.assign(0)
+        self.best.save(checkpoint_number=epoch)
+
+    # ---- resuming (training)
+    def resume(self) -> tuple[int, int]:
+        """Restore the run dir's latest checkpoint, if any: (epochs done, steps into the
+        next). Across workers the chief restores and every worker gets its state."""
+        exp = self.exp
+        latest = self.latest if exp.worker.is_chief else None
+        if exp.worker.multi_worker:  # only the chief's disk need hold the run dir
+            multi_worker.restore_from_chief(exp.strategy, self.checkpoint, latest,
+                                            self._restore_all, self.state)
+        elif latest:
+            self._restore_all(latest)
+        epoch, step = self.position
+        if not latest:  # rows of an attempt killed before its first checkpoint: trained again
+            exp.run_dir.truncate_history(0)
+            return epoch, step
+        exp.run_dir.truncate_history(epoch)
+        log.info("resuming from %s: %d epoch(s) done, %d step(s) into the next", latest,
+                 epoch, step)
+        return epoch, step
+
+    def _restore_all(self, prefix: str) -> None:
+        if _holds(prefix, EPOCH_SUMS):
+            self._restore(self.checkpoint, prefix, what="resume from")
+            return
+        # written before checkpoints kept the epoch's running sums: the rest of its state
+        state = {k: v for k, v in self.state.items() if k != EPOCH_SUMS}
+        self._restore(tf.train.Checkpoint(**state), prefix, what="resume from")
+        epoch, step = self.position
+        if step:
+            log.warning("%s predates the epoch sums in checkpoints: the history row of epoch "
+                        "%d (which the target, early stopping and best checkpoint read) "
+                        "covers only its steps after step %d", prefix, epoch + 1, step)
+
+    # ---- restoring the model only (evaluation)
+    def model_state(self) -> dict[str, Any]:
+        """What an evaluation restores from a checkpoint: the model weights and the epoch
+        counter (never the optimizer, whatever it was trained with)."""
+        return {"model": self.exp.model, "epoch": self.epoch}
+
+    def restore_model(self, ckpt_path: str | None) -> str | None:
+        """Restore the model of `ckpt_path` (a run dir, its checkpoints/ or a ckpt-N prefix;
+        across workers from the chief's disk); return the prefix (None on other workers)."""
+        exp = self.exp
+        prefix = find_checkpoint(ckpt_path) if exp.worker.is_chief else None
+        if exp.worker.multi_worker:  # the chief's disk holds the checkpoint: restore, broadcast
+            multi_worker.restore_from_chief(exp.strategy, self.checkpoint, prefix,
+                                            self._restore_model, self.model_state())
+        else:
+            self._restore_model(prefix)
+        return prefix
+
+    def _restore_model(self, prefix: str) -> None:
+        """The model weights (and epoch counter) of `prefix`, checked against the model.
+
+        They are restored into a twin of the model (same builder, outside any strategy
+        scope), then copied. Restored into exp.model itself, the checkpoint's other objects
+        under it would stay pending there: a `loop=keras_fit` checkpoint also holds
+        model.optimizer (compile attaches it), which TensorFlow would restore into the
+        optimizer a later compile attaches, this config's (other slots or shapes: an error)."""
+        exp = self.exp
+        twin = models.build(exp.cfg.model, exp.data.input_shape, exp.data.outputs)
+        self._restore(tf.train.Checkpoint(**{**self.model_state(), "model": twin}), prefix,
+                      what="restore", partial=True)
+        for variable, value in zip(exp.model.variables, twin.variables, strict=True):
+            variable.assign(value)
+
+    def _restore(self, checkpoint: tf.train.Checkpoint, prefix: str, what: str,
+                 partial: bool = False) -> None:
+        cfg = self.exp.cfg
+        status = None
+        try:
+            status = checkpoint.restore(prefix)
+            if partial:
+                status.expect_partial()
+            status.assert_existing_objects_matched()
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as e:
+            raise DistlabError(
+                f"cannot {what} checkpoint {prefix}: it is truncated or corrupt "
+                f"({first_line(e)}). Point ckpt_path at an intact checkpoint (ckpt-N prefix), "
+                "or move the damaged files away; nothing was deleted"
+            ) from None
+        except (tf.errors.OpError, ValueError, AssertionError) as e:
+            if status is not None:
+                status.expect_partial()  # no list of unrestored values when it is deleted
+            raise DistlabError(
+                f"cannot {what} checkpoint {prefix}: it does not match the configured model "
+                f"({cfg.model.name}, dataset {cfg.dataset.name}): {_mismatch(e)}. Use the "
+                "overrides it was trained with (see its run dir's .hydra/config.yaml)"
+            ) from None
+
+
+def rng_states(model: keras.Model) -> dict[str, list]:
+    """The layers' random-generator states (Dropout, random augmentation layers): Keras'
+    SeedGenerator is not tracked by tf.train.Checkpoint, so without them a resumed run would
+    draw other dropout masks than an uninterrupted one."""
+    states = [v for v in model.non_trainable_variables if v.name == "seed_generator_state"]
+    return {"seed_states": states} if states else {}
+
+
+def find_checkpoint(ckpt_path: str) -> str:
+    """A checkpoint prefix from a run dir, its checkpoints/ dir, or a prefix itself."""
+    path = Path(ckpt_path).expanduser()
+    for directory in (path / "checkpoints", path):
+        if directory.is_dir():
+            latest = tf.train.latest_checkpoint(str(directory))
+            if latest:
+                return latest
+    if Path(f"{path}.index").exists():
+        return str(path)
+    raise DistlabError(
+        f"ckpt_path={ckpt_path!r} holds no checkpoint: give a run directory with checkpoints/, "
+        "a checkpoints/ directory, or a prefix such as <run dir>/checkpoints/ckpt-3"
+    )
+
+
+def run_dir_of(prefix: str) -> RunDir:
+    """The run directory a checkpoint prefix lives in (checkpoints/ or checkpoints/best/)."""
+    run_dir = Path(prefix).parent.parent  # <run dir>/checkpoints/ckpt-N
+    if run_dir.name == "checkpoints":  # <run dir>/checkpoints/best/ckpt-N
+        run_dir = run_dir.parent
+    return RunDir(run_dir)
+
+
+def _holds(prefix: str, name: str) -> bool:
+    """Whether checkpoint `prefix` saved an object `name` at its root (True when it cannot be
+    read: restoring it reports why)."""
+    try:
+        return any(key.split("/")[0] == name for key, _ in tf.train.list_variables(prefix))
+    except (tf.errors.OpError, ValueError):
+        return True
+
+
+def _mismatch(error: BaseException) -> str:
+    """TF's mismatch message without the variables' values it lists."""
+    text = first_line(error)
+    return text.split(": [<", 1)[0].split(". Showing", 1)[0].rstrip(".")

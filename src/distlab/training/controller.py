@@ -1,0 +1,209 @@
+"""The Controller owns the epoch loop: a loop only runs steps (see `training.loops`).
+
+For each epoch it asks the loop for blocks of `loop.steps_per_call` steps and, at every
+step boundary, times them, guards against a non-finite loss, runs the profiler and stops
+at a signal or preemption with a checkpoint; at every epoch end it measures validation,
+records the row (history.csv, TensorBoard, the summary line), updates the monitors (target,
+early stopping, best checkpoint) and saves checkpoints on their cadence. A loop that runs
+its own epochs (`keras_fit`, through `model.fit`) calls the same `epoch_begin`,
+`step_end` and `epoch_end` from a Keras callback, so every loop writes the same run dir.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
+
+from distlab.distribute.preemption import Interrupted, StopRequest
+from distlab.training.actions.history import History
+from distlab.training.actions.nan_guard import check_finite
+from distlab.training.actions.profiler import Profiler
+from distlab.training.actions.throughput import Interval, steady_state
+from distlab.training.checkpoints import Checkpoints
+from distlab.training.experiment import Experiment
+
+if TYPE_CHECKING:
+    from distlab.training.loops.base import Loop
+
+log = logging.getLogger("distlab")
+
+
+class Controller:
+    """Drives `loop` over the run's epochs and does everything between its steps."""
+
+    def __init__(self, exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> None:
+        self.exp, self.loop, self.checkpoints = exp, loop, checkpoints
+        self.stop = StopRequest()  # set by a signal (distlab.distribute.preemption)
+        self.preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
+        self.history = History(exp.run_dir, exp.task.metric_names, exp.cfg.trainer.epochs)
+        self.epochs: list[dict[str, Any]] = []  # the rows this process recorded
+        self.intervals: list[Interval] = []  # timed training steps, for steady_state
+        self.first_step_at: float | None = None
+        epoch, step = checkpoints.position  # built after the resume
+        self.profiler = Profiler(exp.cfg.trainer.profile_steps, exp.run_dir.logs / "train",
+                                 loop.steps_per_call,
+                                 resumed_at=epoch * exp.data.steps_per_epoch + step)
+        self._position = (0, 0)  # (epochs done, steps into the next) at the last boundary
+        self._mark = (0.0, 0)  # (time, steps into the epoch) at the last step boundary
+        self._start, self._first = 0.0, 0  # the epoch's start: time, steps done before it
+        self._base = self._steps_sums = np.zeros(loop.num_stats)
+
+    @property
+    def finished(self) -> bool:
+        """Whether training ended early (target reached with stop, or early stopping)."""
+        return self.exp.monitors.stopped
+
+    # ---- the epoch loop
+    def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
+        """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
+        steps of `initial_epoch` (a run resumed mid-epoch)."""
+        self.loop.run(self, initial_epoch, skip_steps)
+
+    def drive(self, initial_epoch: int, skip_steps: int = 0) -> None:
+        """The epoch loop of a step-driven loop (`Loop.run`'s default)."""
+        exp, loop = self.exp, self.loop
+        steps, epochs = exp.data.steps_per_epoch, exp.cfg.trainer.epochs
+        iterator = loop.train_iterator(initial_epoch, skip_steps)
+        for epoch in range(initial_epoch, epochs):
+            done = skip_steps if epoch == initial_epoch else 0
+            bar = self._progress_bar(epoch)
+            self.epoch_begin(epoch, done)
+            while done < steps:
+                n = min(loop.steps_per_call, steps - done)
+                chunk = loop.train_steps(iterator, n)
+                self._steps_sums = self._steps_sums + chunk
+                done += n
+                self.step_end(epoch, done, float(chunk[0]))
+                if bar is not None:
+                    rate = self._steps_sums[-1] / max(time.time() - self._start, 1e-9)
+                    bar.update(done, [*loop.means(self.running_sums()).items(),
+                                      ("examples/sec", rate)])
+            if self.epoch_end(epoch):  # target reached (with stop), or early stopping
+                break
+
+    def _progress_bar(self, epoch: int) -> keras.utils.Progbar | None:
+        verbose = self.exp.cfg.loop.verbose
+        if not verbose:
+            return None
+        print(f"Epoch {epoch + 1}/{self.exp.cfg.trainer.epochs}", flush=True)
+        names = ["loss", *self.exp.task.metric_names]
+        return keras.utils.Progbar(self.exp.data.steps_per_epoch, verbose=verbose,
+                                   stateful_metrics=[*names, "examples/sec"])
+
+    def running_sums(self) -> np.ndarray:
+        """The current epoch's summed batch stats so far (loss, metrics..., count), the
+        steps before a mid-epoch resume included: what a mid-epoch checkpoint keeps."""
+        own = self.loop.running_sums()
+        return self._base + (self._steps_sums if own is None else own)
+
+    # ---- the hooks (also called by a loop that runs its own epochs)
+    def epoch_begin(self, epoch: int, steps_done: int = 0) -> None:
+        """Before the first step the loop runs in epoch `epoch` (after `steps_done` steps)."""
+        self._start = time.time()
+        self._first, self._mark = steps_done, (self._start, steps_done)
+        self._base = (self.checkpoints.resumed_sums() if steps_done
+                      else np.zeros(self.loop.num_stats))
+        self._steps_sums = np.zeros(self.loop.num_stats)
+        self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
+
+    def step_end(self, epoch: int, steps_done: int, loss: float) -> None:
+        """After a step (or a block of steps): timing, NaN guard, preemption, profiler."""
+        now = time.time()
+        if self.first_step_at is None:
+            self.first_step_at = now
+            log.info("time to first step: %.1f s", self.first_step_at - self.exp.started)
+        started, before = self._mark
+        self.intervals.append(Interval(epoch, steps_done - before, self._examples(steps_done)
+                                       - self._examples(before), now - started))
+        self._mark = (now, steps_done)
+        self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
+        check_finite(loss, epoch, steps_done, self.checkpoints.latest)
+        if steps_done < self.exp.data.steps_per_epoch:  # else epoch_end stops, after its row
+            self.stop_if_asked(epoch, steps_done)
+
+    def epoch_end(self, epoch: int) -> bool:
+        """Record epoch `epoch` (0-based): validation, history row, scalars, monitors,
+        checkpoints. True when training must end now (target with stop, early stopping)."""
+        exp, train_end = self.exp, time.time()
+        figures = self.loop.means(self.running_sums())  # the whole epoch's, resumed or not
+        if self._validates(epoch):
+            figures.update({f"val_{k}": v for k, v in self.loop.evaluate("validation").items()})
+        steps_run = self._mark[1] - self._first  # fewer than steps_per_epoch after a resume
+        examples = exp.data.examples_per_epoch * steps_run / exp.data.steps_per_epoch
+        train_seconds = train_end - self._start
+        row = self.history.row(epoch, exp.learning_rate_at_epoch(epoch), figures,
+                               seconds=time.time() - self._start,
+                               examples_per_sec=examples / max(train_seconds, 1e-9),
+                               train_seconds=train_seconds, examples=examples)
+        self.epochs.append(row)
+        self.history.record(row)
+        ckpt = self.checkpoints
+        ckpt.epoch.assign(epoch + 1)
+        ckpt.step_in_epoch.assign(0)
+        best = exp.monitors.epoch_end(epoch + 1, row) and ckpt.best is not None
+        if best:
+            ckpt.save_best(epoch + 1)  # before a stop's checkpoint
+        self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
+        last = epoch + 1 == exp.cfg.trainer.epochs or self.finished
+        # a new best is also a main checkpoint: a resume never goes back behind checkpoints/best
+        if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last or best:
+            ckpt.save(epoch + 1, 0)
+        return self.finished
+
+    def _validates(self, epoch: int) -> bool:
+        every = self.exp.cfg.trainer.validate_every
+        return bool(every) and (epoch + 1) % every == 0
+
+    def _examples(self, steps: int) -> float:
+        """Training examples in the first `steps` steps of an epoch."""
+        data = self.exp.data
+        return min(steps * data.global_batch_size, data.examples_per_epoch)
+
+    # ---- stopping
+    def stop_if_asked(self, epochs_done: int, steps_in_epoch: int) -> None:
+        """At a step boundary: checkpoint and raise Interrupted if a stop was asked for (a
+        signal here; across workers, a SIGTERM to any of them, at a step they agree on)."""
+        self._position = (epochs_done, steps_in_epoch)
+        if self.preemption is not None:
+            self.preemption.save_checkpoint_if_preempted()  # may call save_here, preempted
+        elif self.stop:
+            path = self.save_here()
+            raise Interrupted(
+                f"stopped by signal {self.stop.signum} at epoch {epochs_done + 1}, step "
+                f"{steps_in_epoch}; checkpoint {path} saved. Rerun the same command to resume.",
+                self.stop.signum)
+
+    def save_here(self) -> str:
+        """A checkpoint at the current step boundary (mid-epoch: with the epoch's sums)."""
+        epochs_done, steps = self._position
+        return self.checkpoints.save(epochs_done, steps, self.running_sums() if steps else None)
+
+    def preempted(self, path: str) -> None:
+        """Every worker saved `path` at the same step after a SIGTERM to one of them."""
+        epochs_done, steps = self._position
+        raise Interrupted(
+            f"stopped by a preemption signal (SIGTERM to a worker) at epoch {epochs_done + 1}, "
+            f"step {steps}; every worker saved a checkpoint: {path}. Rerun all workers to resume.",
+            signal.SIGTERM)
+
+    def close(self) -> None:
+        """End of training (or a stop): a running profiler trace is written out."""
+        self.profiler.close()
+
+    # ---- results
+    def throughput(self) -> dict[str, Any]:
+        """results.json's throughput fields: steady state (see `actions.throughput`) and the
+        plain mean over every epoch this process trained (`..._overall`)."""
+        settings = self.exp.cfg.trainer.throughput
+        seconds = sum(r["train_seconds"] for r in self.epochs)
+        overall = sum(r["examples"] for r in self.epochs) / seconds if seconds else None
+        return {**steady_state(self.intervals, self.exp.strategy.num_replicas_in_sync,
+                               settings.warmup_epochs, settings.warmup_steps, settings.windows),
+                "train_examples_per_sec_overall": overall,
+                "time_to_first_step_s": (self.first_step_at - self.exp.started
+                                         if self.first_step_at else None)}

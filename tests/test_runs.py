@@ -7,7 +7,8 @@ import json
 import pytest
 from conftest import fast_overrides, run_cli
 
-from distlab.launch.run_dir import HISTORY_COLUMNS, RESULTS_FIELDS, RunDir
+from distlab.launch.results import COMPLETED, is_field
+from distlab.launch.run_dir import HISTORY_COLUMNS, RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -15,8 +16,9 @@ pytestmark = pytest.mark.slow
 def assert_run_dir(path, epochs: int, export: bool = True) -> dict:
     results = json.loads((path / "results.json").read_text())
     assert results["status"] == "completed", results
-    for field in RESULTS_FIELDS:
+    for field in COMPLETED:
         assert field in results, field
+    assert all(is_field(key) for key in results), [k for k in results if not is_field(k)]
     assert results["epochs_completed"] == epochs
     assert results["global_batch_size"] == (results["batch_size_per_replica"]
                                             * results["num_replicas"])

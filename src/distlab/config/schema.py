@@ -16,7 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from distlab.errors import ConfigError
-from distlab.launch.results import builtin_task_metrics, check_watched, finite
+from distlab.launch.results import OBJECTIVES, builtin_task_metrics, check_watched, finite
 
 # --------------------------------------------------------------------------- groups
 
@@ -316,9 +316,6 @@ SCHEMAS: dict[str, type] = {
 Check = tuple[str, Callable[[Any], bool], str]
 
 # numeric results.json fields a run writes, which `objective` may name for sweepers
-OBJECTIVES = ("test_accuracy", "test_loss", "train_examples_per_sec", "wall_time_s",
-              "time_to_first_step_s", "epochs_completed", "time_to_target_s",
-              "epochs_to_target", "best_value")
 MODES = (lambda v: v in ("auto", "max", "min"), "must be one of auto, max, min")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 

@@ -30,6 +30,7 @@ from distlab.config import effective, register_configs, training_diff, validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import Interrupted
 from distlab.errors import DistlabError, composition_error
+from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
 
 log = logging.getLogger("distlab")
@@ -61,19 +62,6 @@ class Results:
 
     def __getitem__(self, key: str) -> Any:
         return self.fields[key]
-
-
-def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any]:
-    return {
-        "status": "failed",
-        "error": error,
-        "mode": cfg.get("mode"),
-        "loop": cfg.get("loop", {}).get("name"),
-        "strategy": cfg.get("strategy", {}).get("name"),
-        "dataset": cfg.get("dataset", {}).get("name"),
-        "batch_size_per_replica": cfg.get("dataset", {}).get("batch_size_per_replica"),
-        "wall_time_s": time.time() - started,
-    }
 
 
 def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
@@ -191,7 +179,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             log.info("%s already completed %s epoch(s); not retraining. results: %s",
                      run_dir.path, (previous or {}).get("epochs_completed", "its"),
                      json.dumps(previous or {}))
-            return Results(out, previous or {}, _objective(previous or {}, cfg))
+            return Results(out, previous or {}, objective_value(previous or {}, cfg.objective))
         run_dir.mark_holder()
         if log_file and scratch is None:
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
@@ -207,7 +195,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         if scratch is None:
             run_dir.write_results(results)
             log.info("results: %s", run_dir.results_json)
-        return Results(out, results, _objective(results, cfg))
+        return Results(out, results, objective_value(results, cfg.objective))
     except RunDirBusy as e:  # another job's directory: change nothing in it
         run_dir.restore_hydra()
         print(f"error: {e}", file=sys.stderr)
@@ -243,11 +231,6 @@ def process_started() -> float:
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return _IMPORTED
-
-
-def _objective(results: dict[str, Any], cfg: DictConfig) -> float | None:
-    value = results.get(cfg.objective or results.get("objective") or "test_accuracy")
-    return float(value) if value is not None else None
 
 
 def _already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:

@@ -1,4 +1,7 @@
-"""Which figures a run can watch and rank, and which way each one ranks. No TensorFlow.
+"""results.json: its fields, the objective a sweeper gets, and which way each figure ranks.
+
+`FIELDS` is the one list of results.json's fields (the README's results table documents each
+one; a test checks both ways). No TensorFlow.
 
 One rule for every place that ranks a figure: the monitors (target, early stopping, best
 checkpoint), results.json's `objective_direction`, the sweep summary's best job and the
@@ -10,12 +13,133 @@ the way its metric does.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Field:
+    """One results.json field. `when`: the runs that write it (`WRITTEN_BY`); `objective`:
+    `objective=` may name it;
+    `trained`: an evaluation's `trained` repeats it from the training run."""
+
+    name: str
+    doc: str
+    when: str = "train"
+    objective: bool = False
+    trained: bool = False
+
+
+WRITTEN_BY = {"every": "every run, failed ones too", "failed": "failed runs",
+              "done": "completed and interrupted runs", "completed": "completed runs",
+              "train": "completed training runs", "evaluate": "evaluations",
+              "optional": "when its option applies"}
+FIELDS: tuple[Field, ...] = (
+    Field("status", "completed, interrupted or failed", "every"),
+    Field("error", "a failed run's one-line error", "failed"),
+    Field("mode", "train or evaluate", "every"),
+    Field("loop", "the loop's name (keras_fit, custom, or a registered one)", "every",
+          trained=True),
+    Field("strategy", "the tf.distribute strategy's class name", "every", trained=True),
+    Field("dataset", "the dataset's name", "every"),
+    Field("num_replicas", "replicas in sync (across every worker)", "done", trained=True),
+    Field("batch_size_per_replica", "examples per replica per step", "every", trained=True),
+    Field("global_batch_size", "examples per step, over every replica", "done", trained=True),
+    Field("grad_accum_steps", "micro-batches per optimizer update", "done", trained=True),
+    Field("effective_batch_size", "examples per optimizer update", "done", trained=True),
+    Field("precision", "the dtype policy the model was built with", "done", trained=True),
+    Field("learning_rate", "the base learning rate after batch-size scaling (null in an "
+          "evaluation)", "done", trained=True),
+    Field("steps_per_epoch", "training steps per epoch (null in an evaluation)", "done",
+          trained=True),
+    Field("epochs_completed", "epochs trained so far (an evaluation: the checkpoint's)", "done",
+          objective=True, trained=True),
+    Field("objective", "the field a sweeper gets: `objective=`, else the task's first "
+          "test metric", "done"),
+    Field("objective_direction", "maximize or minimize: how the objective ranks", "done"),
+    Field("test_loss", "mean per-example loss over the test split's real examples",
+          "completed", objective=True),
+    Field("test_<metric>", "each task metric over the test split (test_accuracy; test_mae, "
+          "test_rmse)", "completed", objective=True),
+    Field("train_examples_per_sec", "steady-state training throughput, warm-up left out "
+          "(null in an evaluation)", "completed", objective=True),
+    Field("train_examples_per_sec_std", "its spread across epochs or step windows"),
+    Field("train_examples_per_sec_per_replica", "train_examples_per_sec / num_replicas"),
+    Field("train_examples_per_sec_overall", "the plain mean over every epoch this process "
+          "trained, warm-up included"),
+    Field("throughput_samples", "how many epochs or windows the spread is over"),
+    Field("throughput_basis", "epochs or step windows: what the samples are"),
+    Field("warmup_s", "training time of the warm-up left out"),
+    Field("warmup_cost_s", "what the warm-up cost beyond steady-state speed"),
+    Field("time_to_first_step_s", "from the job's start to its first training step",
+          objective=True),
+    Field("target", "trainer.target as `<metric> >= <value>` (or <=)", "optional"),
+    Field("epochs_to_target", "the epoch that first reached the target (null: not reached)",
+          "optional", objective=True),
+    Field("time_to_target_s", "seconds from the process start (a sweep job: its own start) "
+          "to reaching the target, in this process", "optional", objective=True),
+    Field("best_metric", "the metric checkpoints/best follows", "optional"),
+    Field("best_value", "its best value", "optional", objective=True),
+    Field("best_epoch", "the epoch of checkpoints/best", "optional"),
+    Field("best_checkpoint", "checkpoints/best's prefix", "optional"),
+    Field("stopped_early", "{epoch, reason}: training ended at the target or by early "
+          "stopping", "optional"),
+    Field("checkpoint", "the latest checkpoint's prefix (an evaluation: the one evaluated)",
+          "done"),
+    Field("steps_in_epoch", "an interrupted run's steps into its next epoch", "optional"),
+    Field("saved_model", "saved_model, when trainer.export is true", "optional"),
+    Field("export_max_abs_diff", "the reloaded SavedModel's largest difference from the "
+          "trained model on raw test inputs", "optional"),
+    Field("trained", "an evaluation: the training run's fields marked trained", "evaluate"),
+    Field("wall_time_s", "the job's wall time", "every", objective=True),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+OBJECTIVES = tuple(f.name for f in FIELDS if f.objective and "<" not in f.name)
+TRAINED = tuple(f.name for f in FIELDS if f.trained)
+# what every completed training run writes, whatever its options
+COMPLETED = tuple(f.name for f in FIELDS if f.when in ("every", "done", "completed", "train")
+                  and "<" not in f.name)
+
+
+def is_field(name: str) -> bool:
+    """Whether `name` is a results.json field (`test_<metric>`: any test_ name)."""
+    return name in BY_NAME or name.startswith("test_")
+
+
+def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any]:
+    """A failed job's results.json: the fields its config knows, and the error."""
+    return {
+        "status": "failed",
+        "error": error,
+        "mode": cfg.get("mode"),
+        "loop": cfg.get("loop", {}).get("name"),
+        "strategy": cfg.get("strategy", {}).get("name"),
+        "dataset": cfg.get("dataset", {}).get("name"),
+        "batch_size_per_replica": cfg.get("dataset", {}).get("batch_size_per_replica"),
+        "wall_time_s": time.time() - started,
+    }
+
+
+def objective_value(results: dict[str, Any], objective: str | None) -> float | None:
+    """The number a sweeper gets from a job's results."""
+    value = results.get(objective or results.get("objective") or "test_accuracy")
+    return float(value) if value is not None else None
+
+
+def objective_fields(name: str | None, higher: Mapping[str, bool],
+                     best_maximizes: bool | None = None) -> dict[str, str]:
+    """results.json's `objective` (`name`, else the task's first metric) and
+    `objective_direction` (`maximizes`: task metrics their own way, times and epochs to
+    target down, `best_value` as its metric). `higher`: metric name -> higher_is_better."""
+    field = objective_field(name, list(higher))
+    maximize = maximizes(field, higher, best_maximizes)
+    return {"objective": field, "objective_direction": "maximize" if maximize else "minimize"}
 
 
 def top_k_name(k: int) -> str:

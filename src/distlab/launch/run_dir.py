@@ -35,9 +35,6 @@ def history_columns(metrics: list[str]) -> list[str]:
     return ["epoch", "learning_rate", *figure_columns(metrics), "seconds", "examples_per_sec"]
 
 
-RESULTS_FIELDS = ["status", "loop", "strategy", "num_replicas", "batch_size_per_replica",
-                  "global_batch_size", "epochs_completed", "test_loss", "test_accuracy",
-                  "train_examples_per_sec", "wall_time_s"]
 
 
 class RunDirBusy(DistlabError):

@@ -19,13 +19,13 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.components import optimizers, strategies, tasks
+from distlab.components import optimizers, strategies
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.distribute import multi_worker
 from distlab.distribute.cluster import Worker
 from distlab.distribute.preemption import Interrupted, stop_on_signals
 from distlab.errors import DistlabError
-from distlab.launch.results import maximizes, objective_field
+from distlab.launch.results import TRAINED, objective_fields
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
 from distlab.training import experiment
@@ -154,8 +154,8 @@ def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, 
         "dataset": data.name,
         "steps_per_epoch": data.steps_per_epoch,
         "epochs_completed": epochs_completed,
-        **objective(cfg.objective, exp.task,
-                    exp.monitors.best.maximize if exp.monitors.best else None),
+        **objective_fields(cfg.objective, {m.name: m.higher_is_better for m in exp.task.metrics},
+                           exp.monitors.best.maximize if exp.monitors.best else None),
         **extra,
         "wall_time_s": time.time() - exp.started,
     }
@@ -232,31 +232,15 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str
                     trained=trained_with(prefix) if prefix else None)
 
 
-def objective(name: str | None, task: tasks.Task,
-              best_maximizes: bool | None = None) -> dict[str, str]:
-    """results.json's `objective` (the field sweepers get: `name`, else the task's first
-    metric) and `objective_direction` (`distlab.launch.results.maximizes`: task metrics their own
-    way, times and epochs to target down, `best_value` as its metric)."""
-    higher = {m.name: m.higher_is_better for m in task.metrics}
-    field = objective_field(name, task.metric_names)
-    maximize = maximizes(field, higher, best_maximizes)
-    return {"objective": field, "objective_direction": "maximize" if maximize else "minimize"}
-
-
 def _figures(test: dict[str, float]) -> str:
     return " - ".join(f"{k} {v:.4f}" for k, v in test.items())
-
-
-TRAINED_FIELDS = ("loop", "strategy", "num_replicas", "batch_size_per_replica",
-                  "global_batch_size", "grad_accum_steps", "effective_batch_size", "precision",
-                  "learning_rate", "steps_per_epoch", "epochs_completed")
 
 
 def trained_with(prefix: str) -> dict[str, Any] | None:
     """How the checkpoint was trained, from its run dir's results.json (None if not there).
     In an evaluation's results.json the top-level batch fields are the evaluation's own."""
     trained = run_dir_of(prefix).read_results()
-    return {k: trained.get(k) for k in TRAINED_FIELDS} if trained else None
+    return {k: trained.get(k) for k in TRAINED} if trained else None
 
 
 def _warn_if_other_precision(exp: Experiment, prefix: str) -> None:

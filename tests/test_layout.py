@@ -1,0 +1,75 @@
+"""The package's shape: folders that say what they own, TensorFlow-free layers that stay so,
+and no module that changes process settings when it is imported (no training)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+SRC = ROOT / "src" / "distlab"
+FOLDERS = ["components", "config", "data", "distribute", "keras_patches", "launch",
+           "reporting", "training", "training/actions", "training/loops"]
+
+
+def _python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=180, env={"PYTHONPATH": str(ROOT / "src"),
+                                                      "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_every_folder_says_what_it_owns():
+    found = sorted(str(p.parent.relative_to(SRC)) for p in SRC.rglob("__init__.py")
+                   if p.parent != SRC and "conf" not in p.parts)
+    assert found == FOLDERS
+    for folder in FOLDERS:
+        doc = ast.get_docstring(ast.parse((SRC / folder / "__init__.py").read_text()))
+        assert doc and len(doc.split()) >= 25, f"{folder}/__init__.py: say what it owns"
+
+
+def test_the_training_folder_opens_with_who_owns_what():
+    doc = ast.get_docstring(ast.parse((SRC / "training" / "__init__.py").read_text()))
+    for module in ("experiment", "checkpoints", "controller", "actions", "loops", "export",
+                   "runner"):
+        assert f"`{module}" in doc, module
+
+
+def test_config_launch_and_reporting_import_no_tensorflow():
+    loaded = _python(
+        "import sys, json, distlab, distlab.config, distlab.launch.job, "
+        "distlab.launch.results, distlab.launch.run_dir, distlab.reporting.summary, "
+        "distlab.registry, distlab.plugins, distlab.distribute.cluster; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'keras'))))")
+    assert json.loads(loaded) == []
+
+
+def test_importing_every_module_changes_no_process_setting():
+    """cli.py is the one module that may (it quiets TensorFlow's C++ start-up lines)."""
+    modules = sorted(
+        ".".join(("distlab", *p.relative_to(SRC).with_suffix("").parts))
+        .removesuffix(".__init__") for p in SRC.rglob("*.py")
+        if "conf" not in p.parts and p.name != "cli.py" and p.name != "watchdog.py")
+    code = f"""
+import json, logging, os, sys, warnings, importlib
+def settings():
+    import tensorflow as tf, keras
+    from tensorflow.python.framework import config as tf_config
+    return dict(env=dict(os.environ), levels={{n: logging.getLogger(n).level for n in
+                ('', 'absl', 'tensorflow', 'distlab', 'hydra')}},
+                filters=len(warnings.filters), handlers=len(logging.getLogger().handlers),
+                determinism=tf_config.is_op_determinism_enabled(),
+                policy=keras.mixed_precision.dtype_policy().name,
+                tf_filters=len(logging.getLogger('tensorflow').filters))
+before = settings()
+for name in {modules!r}:
+    importlib.import_module(name)
+after = settings()
+print(json.dumps([k for k in before if before[k] != after[k]]))
+"""
+    assert json.loads(_python(code)) == []

@@ -1,0 +1,128 @@
+"""A user's Loop implements its steps only; the Controller gives it everything else, and an
+item it adds to the checkpoint is saved, resumed and broadcast to every worker."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import fast_overrides, stop_at
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+CLIP = ("imports=[user_loops]", "loop=custom", "loop.name=clip_per_replica")
+COUNTING = ("imports=[user_loops]", "loop=custom", "loop.name=counting")
+SMALL = ("trainer.steps_per_epoch=6", "dataset.batch_size_per_replica=16", "deterministic=true",
+         "seed=3")
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    import csv
+
+    with (run_dir / "history.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def _weights(run_dir: Path) -> list[np.ndarray]:
+    prefix = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    return [tf.train.load_variable(prefix, name) for name, _ in tf.train.list_variables(prefix)
+            if name.startswith("model/") and "OPTIMIZER_SLOT" not in name]
+
+
+def test_a_step_only_loop_gets_history_checkpoints_tensorboard_and_resume(
+        run_inprocess, monkeypatch, tmp_path):
+    args = (*CLIP, "strategy.cpu_devices=2", *SMALL, "trainer.epochs=3",
+            "trainer.checkpoint_every=1")
+    whole = run_inprocess(*args, out=tmp_path / "whole")
+    run = tmp_path / "whole"
+    assert (whole["status"], whole["loop"], whole["epochs_completed"]) == (
+        "completed", "clip_per_replica", 3)
+    assert [r["epoch"] for r in _rows(run)] == ["1", "2", "3"]
+    assert all(float(r["loss"]) > 0 and float(r["val_accuracy"]) >= 0 for r in _rows(run))
+    assert sorted(p.name for p in (run / "checkpoints").glob("ckpt-*.index")) == [
+        "ckpt-12.index", "ckpt-18.index", "ckpt-6.index"]
+    tags = {v.tag for path in (run / "logs" / "train").glob("events.out.tfevents.*")
+            for event in tf.compat.v1.train.summary_iterator(str(path))
+            for v in event.summary.value}
+    assert {"epoch_loss", "epoch_accuracy", "epoch_learning_rate"} <= tags
+
+    # its own step ran: clipping each replica's gradient trains otherwise than loop=custom
+    plain = run_inprocess("loop=custom", "strategy.cpu_devices=2", *SMALL, "trainer.epochs=3",
+                          out=tmp_path / "plain")
+    assert plain["test_loss"] != pytest.approx(whole["test_loss"], abs=1e-6)
+
+    # stopped mid-epoch (as by SIGTERM), then rerun: the uninterrupted run's figures
+    stop_at(monkeypatch, epoch=1, step=3)
+    with pytest.raises(SystemExit):
+        run_inprocess(*args, out=tmp_path / "resumed")
+    monkeypatch.undo()
+    resumed = run_inprocess(*args, out=tmp_path / "resumed")
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+    for a, b in zip(_rows(run), _rows(tmp_path / "resumed"), strict=True):
+        assert float(a["loss"]) == pytest.approx(float(b["loss"]), abs=1e-6)
+    for a, b in zip(_weights(run), _weights(tmp_path / "resumed"), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_a_step_only_loop_gets_early_stopping_and_the_nan_guard(run_inprocess, tmp_path):
+    stopped = run_inprocess(*CLIP, "strategy=default", *SMALL, "trainer.epochs=5",
+                            "trainer.early_stopping.metric=loss",
+                            "trainer.early_stopping.min_delta=100",
+                            "trainer.early_stopping.patience=1", out=tmp_path / "stopped")
+    assert stopped["epochs_completed"] == 2
+    assert stopped["stopped_early"] == {"epoch": 2, "reason": "early_stopping"}
+
+    with pytest.raises(SystemExit) as exit_:
+        run_inprocess(*CLIP, "strategy=default", *SMALL, "optimizer.learning_rate=1e30",
+                      out=tmp_path / "nan")
+    assert exit_.value.code == 2
+    failed = json.loads((tmp_path / "nan" / "results.json").read_text())
+    assert failed["status"] == "failed" and "non-finite loss" in failed["error"]
+
+
+def _seen(out: Path, worker: int = 0) -> float:
+    return float((out / f"seen-{worker}").read_text())
+
+
+def test_a_loop_state_item_is_checkpointed_and_resumed(run_inprocess, monkeypatch, tmp_path):
+    args = (*COUNTING, "strategy=default", *SMALL, "trainer.epochs=2")
+    whole_out, resumed_out = tmp_path / "whole_seen", tmp_path / "resumed_seen"
+    whole_out.mkdir(), resumed_out.mkdir()
+    monkeypatch.setenv("USER_LOOP_OUT", str(whole_out))
+    run_inprocess(*args, out=tmp_path / "whole")
+    assert _seen(whole_out) == 2 * 6 * 16  # 2 epochs of 6 batches of 16
+    prefix = tf.train.latest_checkpoint(str(tmp_path / "whole" / "checkpoints"))
+    assert tf.train.load_variable(prefix, "examples_seen/.ATTRIBUTES/VARIABLE_VALUE") == 192
+
+    monkeypatch.setenv("USER_LOOP_OUT", str(resumed_out))
+    stop_at(monkeypatch, epoch=1, step=2)
+    with pytest.raises(SystemExit):
+        run_inprocess(*args, out=tmp_path / "resumed")
+    monkeypatch.undo()
+    monkeypatch.setenv("USER_LOOP_OUT", str(resumed_out))
+    run_inprocess(*args, out=tmp_path / "resumed")  # restores examples_seen, then counts on
+    assert _seen(resumed_out) == _seen(whole_out)
+
+
+@pytest.mark.multiprocess
+def test_a_loop_state_item_is_broadcast_to_every_worker(tiny_data_dir, tmp_path):
+    """Worker 1's run dir has no checkpoint: the chief restores and broadcasts every item of
+    the checkpoint, the loop's own included, so both workers count on from the same value."""
+    from test_multiworker import _finish, _free_ports, _start
+
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "USER_LOOP_OUT": str(tmp_path)}
+    args = [*fast_overrides(tiny_data_dir), *COUNTING, "trainer.steps_per_epoch=4",
+            "dataset.batch_size_per_replica=16", "seed=3"]
+    for epochs in (1, 2):  # then a rerun of the same run dir with one more epoch
+        workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+        procs = [_start(i, workers, *args, f"trainer.epochs={epochs}",
+                        f"hydra.run.dir={tmp_path / f'W{i}'}", env=env) for i in range(2)]
+        for proc in procs:
+            out = _finish(proc)
+            assert proc.returncode == 0, out[-3000:]
+        assert _seen(tmp_path, 0) == _seen(tmp_path, 1) == epochs * 4 * 32, epochs

@@ -1,0 +1,51 @@
+"""Loops a user writes, as a plug-in module (`imports=[user_loops]`): step methods only.
+
+`clip_per_replica` clips each replica's own gradient before the all-reduce (the Controller
+gives it history, checkpoints, resume, the NaN guard, early stopping and TensorBoard);
+`counting` adds an item of its own to the checkpoint (`state()`): the examples it trained
+on, written to $USER_LOOP_OUT/seen-<worker index> after every block when that is set.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import tensorflow as tf
+
+import distlab
+from distlab.training.loops import CustomLoop
+
+CLIP_NORM = 0.05
+
+
+@distlab.register("loop", "clip_per_replica")
+class ClipPerReplica(distlab.Loop):
+    def train_step(self, features, labels, weights):
+        model, optimizer = self.exp.model, self.exp.optimizer
+        with tf.GradientTape() as tape:
+            predictions = model(features, training=True)
+            per_example_loss = self.loss_fn(labels, predictions)
+            loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
+        grads = tape.gradient(loss, model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(grads, CLIP_NORM)  # this replica's gradient only
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return self.batch_stats(labels, predictions, per_example_loss, weights)
+
+
+@distlab.register("loop", "counting")
+class Counting(CustomLoop):
+    def __init__(self, exp) -> None:
+        super().__init__(exp)
+        with exp.strategy.scope():
+            self.seen = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="seen")
+
+    def state(self) -> dict:
+        return {"examples_seen": self.seen}
+
+    def train_steps(self, iterator, n):
+        sums = super().train_steps(iterator, n)
+        self.seen.assign_add(sums[-1])  # the block's real examples, summed over replicas
+        if out := os.environ.get("USER_LOOP_OUT"):
+            Path(out, f"seen-{self.exp.worker.index}").write_text(repr(float(self.seen.numpy())))
+        return sums

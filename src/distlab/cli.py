@@ -24,7 +24,7 @@ from distlab.launch.run_dir import check_output_dir_args  # noqa: E402
 PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
 
 
-def task(cfg: DictConfig) -> float | None:
+def hydra_job(cfg: DictConfig) -> float | None:
     """One Hydra job (sweep jobs included): run the composed config, return its objective.
 
     The only place a job ends the process: a single run exits with the job's status when it
@@ -52,7 +52,7 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     register_configs()
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")
-    app = hydra.main(version_base="1.3", config_path=config_path, config_name="config")(task)
+    app = hydra.main(version_base="1.3", config_path=config_path, config_name="config")(hydra_job)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's traceback
         return app()
     # Hydra prints a composition error over several lines with a HYDRA_FULL_ERROR hint; with

@@ -236,7 +236,8 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
     user = is_user_dataset(cfg.name)
     splits = _user_splits(cfg) if user else _tfds_splits(cfg)
-    raw_train, raw_test, num_train, num_test, outputs, classes, source = splits
+    raw_train, raw_test, num_train = splits.train, splits.test, splits.num_train
+    source = dict(splits.source) if splits.source is not None else None
     raw_input = raw_train.element_spec[0]
     preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
@@ -258,10 +259,10 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         train=train,
         test=_no_autotune(test.batch(gb).prefetch(AUTOTUNE)),
         num_train=num_train,
-        num_test=num_test,
+        num_test=splits.num_test,
         input_shape=tuple(train.element_spec[0].shape),
-        outputs=outputs,
-        classes=classes,
+        outputs=splits.outputs,
+        classes=splits.classes,
         global_batch_size=gb,
         steps_per_epoch=steps,
         shuffle_buffer=cfg.shuffle_buffer,
@@ -273,9 +274,17 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     )
 
 
-# train, test, their sizes, outputs, whether the labels are classes, and (tfds) what the
-# data depends on, for the disk cache's key
-Splits = tuple[tf.data.Dataset, tf.data.Dataset, int, int, int, bool, dict | None]
+@dataclass(frozen=True)
+class RawSplits:
+    """A dataset's (input, label) splits as its source gives them, before preprocessing."""
+
+    train: tf.data.Dataset
+    test: tf.data.Dataset
+    num_train: int
+    num_test: int
+    outputs: int  # classes (classification) or output values
+    classes: bool  # whether the labels are class indices
+    source: dict | None  # tfds: what the data depends on, for the disk cache's key
 
 
 def is_user_dataset(name: str) -> bool:
@@ -285,7 +294,7 @@ def is_user_dataset(name: str) -> bool:
     return not is_tfds_name(name)
 
 
-def _tfds_splits(cfg: DictConfig) -> Splits:
+def _tfds_splits(cfg: DictConfig) -> RawSplits:
     """(input, label) pairs of the tfds dataset, by `dataset.features` (default: its
     supervised keys), with the number of classes (ClassLabel) or of outputs (float)."""
     data_dir = resolve_data_dir(cfg.data_dir)
@@ -325,11 +334,11 @@ def _tfds_splits(cfg: DictConfig) -> Splits:
         outputs = max(1, math.prod(label.shape or ()))
     source = {"dataset": cfg.name, "version": str(info.version), "features": [x, y],
               "data_dir": builder.data_dir}
-    return (train, test, num_train, num_test, outputs,
-            isinstance(label, tfds.features.ClassLabel), source)
+    return RawSplits(train, test, num_train, num_test, outputs,
+                     isinstance(label, tfds.features.ClassLabel), source)
 
 
-def _user_splits(cfg: DictConfig) -> Splits:
+def _user_splits(cfg: DictConfig) -> RawSplits:
     """A user's dataset builder (`dataset.name`): DataSplits of datasets or arrays."""
     from distlab.data.splits import DataSplits
     from distlab.registry import DATASETS
@@ -354,8 +363,8 @@ def _user_splits(cfg: DictConfig) -> Splits:
         outputs = int(splits.num_classes)
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
-    return (train, test, _count(train), _count(test), outputs, splits.num_classes is not None,
-            None)
+    return RawSplits(train, test, _count(train), _count(test), outputs,
+                     splits.num_classes is not None, None)
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:

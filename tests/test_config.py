@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,8 +19,8 @@ from distlab.config.schema import Config
 from distlab.config.store import schema_names
 from distlab.errors import ConfigError
 
-GROUPS = ["strategy", "dataset", "model", "optimizer", "schedule", "loop", "experiment",
-          "hparams_search"]
+GROUPS = ["strategy", "dataset", "model", "task", "optimizer", "schedule", "loop",
+          "experiment", "hparams_search"]
 # options that only compose with another choice
 NEEDS: dict[tuple[str, str], list[str]] = {}
 
@@ -174,27 +175,35 @@ def test_evaluate_needs_ckpt_path():
         validate(compose(["mode=evaluate"]))
 
 
-def test_cfg_job_imports_no_tensorflow():
+def _run_py(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, bool]:
+    """`python run.py ARGS` in a fresh interpreter: the process (its exit status is the
+    command's) and whether TensorFlow was imported by the time the command ended."""
     code = (
         "import runpy, sys\n"
-        "sys.argv = ['run.py', '--cfg', 'job']\n"
+        f"sys.argv = ['run.py', *{list(args)!r}]\n"
+        "status = 0\n"
         "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "print('TF_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TF')\n"
+        "except SystemExit as e:\n    status = e.code\n"
+        "print('TENSORFLOW_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TENSORFLOW',\n"
+        "      file=sys.stderr)\n"
+        "sys.exit(status)\n"
     )
-    import subprocess
-
-    start = time.time()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
-    assert "NO_TF" in out.stdout, out.stdout + out.stderr
+                         timeout=timeout)
+    tensorflow = out.stderr.rstrip().splitlines()[-1:]
+    assert tensorflow in (["TENSORFLOW_IMPORTED"], ["NO_TENSORFLOW"]), out.stdout + out.stderr
+    return out, tensorflow == ["TENSORFLOW_IMPORTED"]
+
+
+def test_cfg_job_imports_no_tensorflow():
+    start = time.time()
+    out, tensorflow = _run_py("--cfg", "job")
+    assert out.returncode == 0 and not tensorflow, out.stdout + out.stderr
     assert "batch_size_per_replica" in out.stdout
     assert time.time() - start < 30
 
 
 def test_help_lists_the_option_groups_and_no_internal_schema():
-    import subprocess
-
     out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     groups = out.stdout.split("== Config ==")[0]
@@ -209,13 +218,12 @@ def test_help_lists_the_option_groups_and_no_internal_schema():
     (["strategy=nope"], "mirrored"),
 ])
 def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
-    start = time.time()
-    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    out, tensorflow = _run_py(*args, f"hydra.run.dir={tmp_path / 'run'}")
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert needle in text, text
     assert "Traceback" not in text, text
-    assert time.time() - start < 60
+    assert not tensorflow, f"refused only after TensorFlow was imported: {text}"
 
 
 def test_unknown_option_names_the_group(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -9,14 +10,17 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, compose, run_cli
 from hydra.errors import ConfigCompositionException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from distlab.config import validate
+from distlab.config.checks import flatten
+from distlab.config.schema import Config
+from distlab.config.store import schema_names
 from distlab.errors import ConfigError
 
-GROUPS = ["strategy", "dataset", "model", "optimizer", "schedule", "loop", "experiment",
-          "hparams_search"]
+GROUPS = ["strategy", "dataset", "model", "task", "optimizer", "schedule", "loop",
+          "experiment", "hparams_search"]
 # options that only compose with another choice
 NEEDS: dict[tuple[str, str], list[str]] = {}
 
@@ -34,11 +38,50 @@ def test_every_option_composes_and_validates(group, option):
     OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
+SCHEMA_GROUPS = [g for g in GROUPS if g not in ("experiment", "hparams_search")]  # presets
+
+
+def _stated_defaults(path: Path, base: DictConfig) -> list[str]:
+    """The keys the YAML at `path` sets to the value they have without it (in `base`)."""
+    stated = flatten(OmegaConf.to_container(OmegaConf.load(path)))
+    before = flatten(OmegaConf.to_container(base))  # a missing value: "???"
+    return [f"{key}: {value}" for key, value in stated.items()
+            if key != "defaults" and key in before and before[key] == value]
+
+
+def _base(group: str, option: str) -> DictConfig:
+    """What the option's YAML extends: its schema, or another option of its group."""
+    defaults = OmegaConf.load(ROOT / "conf" / group / f"{option}.yaml").get("defaults", [])
+    extends = [d for d in defaults if d != "_self_"]
+    assert len(extends) == 1 and isinstance(extends[0], str), (group, option, defaults)
+    name = extends[0].lstrip("/").removesuffix("@_here_")
+    if name.startswith("schema_"):
+        return OmegaConf.structured(schema_names()[name])
+    values = OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml")
+    values.pop("defaults", None)
+    return OmegaConf.merge(_base(group, name), values)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in SCHEMA_GROUPS for o in _options(g)])
+def test_a_group_option_states_only_what_differs_from_its_schema(group, option):
+    # defaults live in distlab.config.schema alone; experiment presets may restate them
+    path = ROOT / "conf" / group / f"{option}.yaml"
+    restated = _stated_defaults(path, _base(group, option))
+    assert not restated, f"conf/{group}/{option}.yaml restates its schema's defaults: {restated}"
+
+
+def test_config_yaml_states_no_default_of_the_schema():
+    assert not _stated_defaults(ROOT / "conf" / "config.yaml", OmegaConf.structured(Config))
+
+
 def test_defaults_are_the_first_reference_workload():
     cfg = compose([])
     assert (cfg.loop.name, cfg.dataset.name, cfg.strategy.name) == ("keras_fit", "mnist",
                                                                      "mirrored")
     assert cfg.trainer.epochs == 12 and cfg.dataset.batch_size_per_replica == 64
+    # model=mnist_cnn is the cnn schema's defaults: the tutorial's Conv32-MaxPool-Dense64
+    assert (list(cfg.model.conv_filters), list(cfg.model.dense_units)) == ([32], [64])
+    assert cfg.model.output_activation is None and cfg.model.l2 == 0
     assert (cfg.deterministic, cfg.mode, cfg.ckpt_path) == (False, "train", None)
     assert list(cfg.schedule.boundaries) == [3, 7]
 
@@ -132,27 +175,35 @@ def test_evaluate_needs_ckpt_path():
         validate(compose(["mode=evaluate"]))
 
 
-def test_cfg_job_imports_no_tensorflow():
+def _run_py(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, bool]:
+    """`python run.py ARGS` in a fresh interpreter: the process (its exit status is the
+    command's) and whether TensorFlow was imported by the time the command ended."""
     code = (
         "import runpy, sys\n"
-        "sys.argv = ['run.py', '--cfg', 'job']\n"
+        f"sys.argv = ['run.py', *{list(args)!r}]\n"
+        "status = 0\n"
         "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
-        "except SystemExit:\n    pass\n"
-        "print('TF_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TF')\n"
+        "except SystemExit as e:\n    status = e.code\n"
+        "print('TENSORFLOW_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TENSORFLOW',\n"
+        "      file=sys.stderr)\n"
+        "sys.exit(status)\n"
     )
-    import subprocess
-
-    start = time.time()
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
-    assert "NO_TF" in out.stdout, out.stdout + out.stderr
+                         timeout=timeout)
+    tensorflow = out.stderr.rstrip().splitlines()[-1:]
+    assert tensorflow in (["TENSORFLOW_IMPORTED"], ["NO_TENSORFLOW"]), out.stdout + out.stderr
+    return out, tensorflow == ["TENSORFLOW_IMPORTED"]
+
+
+def test_cfg_job_imports_no_tensorflow():
+    start = time.time()
+    out, tensorflow = _run_py("--cfg", "job")
+    assert out.returncode == 0 and not tensorflow, out.stdout + out.stderr
     assert "batch_size_per_replica" in out.stdout
     assert time.time() - start < 30
 
 
 def test_help_lists_the_option_groups_and_no_internal_schema():
-    import subprocess
-
     out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     groups = out.stdout.split("== Config ==")[0]
@@ -167,13 +218,12 @@ def test_help_lists_the_option_groups_and_no_internal_schema():
     (["strategy=nope"], "mirrored"),
 ])
 def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
-    start = time.time()
-    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    out, tensorflow = _run_py(*args, f"hydra.run.dir={tmp_path / 'run'}")
     text = out.stdout + out.stderr
     assert out.returncode != 0
     assert needle in text, text
     assert "Traceback" not in text, text
-    assert time.time() - start < 60
+    assert not tensorflow, f"refused only after TensorFlow was imported: {text}"
 
 
 def test_unknown_option_names_the_group(tmp_path):

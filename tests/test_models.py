@@ -112,7 +112,10 @@ def test_resnet_other_depths_and_inputs():
 @pytest.mark.parametrize("depth", [21, 2, 0, -4])
 def test_resnet_bad_depth_is_one_line(depth):
     cfg = OmegaConf.merge(_cfg("resnet"), {"depth": depth})
-    _one_line_error(f"model.depth={depth}", models.build, cfg, (32, 32, 3), 10)
+    built = _one_line_error(f"model.depth={depth}", models.build, cfg, (32, 32, 3), 10)
+    # one rule: the builder (called directly) and the config check refuse alike
+    assert _one_line_error(f"model.depth={depth}", validate,
+                           compose(["model=resnet", f"model.depth={depth}"])) == built
 
 
 def test_sync_batch_norm_uses_the_global_batch():

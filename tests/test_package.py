@@ -61,7 +61,7 @@ def test_wheel_installs_configs_and_command(tmp_path):
     assert command.is_file(), sorted(p.name for p in site.iterdir())
     # Mark the installed config, so the output shows which conf/ was read.
     installed = site / "distlab/conf/config.yaml"
-    installed.write_text(installed.read_text().replace("seed: 42", "seed: 4242", 1))
+    installed.write_text(installed.read_text() + "seed: 4242\n")
 
     user_dir = tmp_path / "user"  # outside the checkout, no conf/ in sight
     user_dir.mkdir()

@@ -13,6 +13,8 @@ from typing import Any
 import keras
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.config.checks import check
+from distlab.config.schema import RESNET_DEPTH
 from distlab.errors import ConfigError
 from distlab.registry import MODELS  # lists the builders below by import path
 
@@ -64,9 +66,6 @@ def mlp(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Mo
     return keras.Sequential(layers, name="mlp")
 
 
-RESNET_DEPTHS = "must be 6n+2 with n >= 1 (e.g. 20, 32, 44, 56, 110)"
-
-
 def resnet(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Model:
     """CIFAR ResNet v1 (He et al. 2016, section 4.2) of depth 6n+2.
 
@@ -78,8 +77,7 @@ def resnet(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras
     `sync_batch_norm` makes BN use the global batch's statistics across replicas.
     """
     depth = cfg.depth
-    if depth < 8 or (depth - 2) % 6:
-        raise ConfigError(f"model.depth={depth} is invalid: {RESNET_DEPTHS}")
+    check("model.depth", depth, RESNET_DEPTH)  # validate's rule, for a builder called directly
     blocks = (depth - 2) // 6
     reg = _l2(cfg)
     sync = bool(cfg.get("sync_batch_norm"))

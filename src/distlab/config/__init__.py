@@ -1,18 +1,15 @@
 """The config: what a composed config may hold and which values it may take (no TensorFlow).
 
-`schema` holds the structured dataclasses registered in Hydra's ConfigStore (the defaults of
-every key), the value checks (`validate`) and the rules about which keys a rerun may change
-(`training_diff`, `effective`).
+`schema`: the dataclasses, the only home of every key's default, meaning and value rule;
+`checks`: `validate`, which applies those rules and the ones relating several keys;
+`store`: `register_configs`, the schemas in Hydra's ConfigStore for conf/'s YAMLs to extend;
+`reruns`: which keys a rerun may change (`training_diff`, `effective`).
 """
 
-from distlab.config.schema import (
-    JIT_ON_LOGICAL_CPUS,
-    DatasetConfig,
-    effective,
-    register_configs,
-    training_diff,
-    validate,
-)
+from distlab.config.checks import JIT_ON_LOGICAL_CPUS, validate
+from distlab.config.reruns import effective, training_diff
+from distlab.config.schema import DatasetConfig
+from distlab.config.store import register_configs
 
 __all__ = ["DatasetConfig", "JIT_ON_LOGICAL_CPUS", "effective", "register_configs",
            "training_diff", "validate"]

@@ -1,0 +1,122 @@
+"""`validate(cfg)`: the value rules of the schema's fields, then the rules that relate several
+keys, each refusal one line naming the key (a ConfigError). Never imports TensorFlow."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, Config, Rule
+from distlab.errors import ConfigError
+from distlab.launch.results import builtin_task_metrics, check_watched
+
+JIT_ON_LOGICAL_CPUS = (
+    "loop.jit_compile=true cannot run on several logical CPU devices (strategy.cpu_devices>1): "
+    "XLA compiles for the one physical CPU and cannot reach the other replicas' variables. "
+    "Use jit_compile with one CPU replica (strategy=default or strategy.cpu_devices=1) or "
+    "on GPUs, or set loop.jit_compile=false")
+
+
+def check(key: str, value: Any, rule: Rule) -> None:
+    """Raise ConfigError("<key>=<value> is invalid: <why>") unless `value` follows `rule`."""
+    ok, why = rule
+    try:
+        valid = ok(value)
+    except TypeError:
+        valid, why = False, f"{why} (got a {type(value).__name__})"
+    if not valid:
+        raise ConfigError(f"{key}={_show(value)} is invalid: {why}")
+
+
+def _rules(schema: type = Config, prefix: str = "") -> dict[str, Rule | None]:
+    """Dotted key -> rule (None: any value) of every field of `schema` and of the dataclasses
+    under it, in the composed config's order. A group's keys come from each of its options'
+    schemas: a key they share (model.l2) must have the same rule in each."""
+    rules: dict[str, Rule | None] = {}
+    for f in dataclasses.fields(schema):
+        key = prefix + f.name
+        nested = [f.default_factory] if dataclasses.is_dataclass(f.default_factory) else []
+        if not prefix and f.name in GROUP_SCHEMAS:
+            nested = list(GROUP_SCHEMAS[f.name].values())
+        found = [{key: f.metadata.get("rule")}] if not nested else []
+        found += [_rules(node, f"{key}.") for node in nested]  # trainer.target, model, ...
+        for more in found:
+            for k, rule in more.items():
+                if rules.setdefault(k, rule) is not rule:
+                    raise TypeError(f"{k}: the schemas of its options give it different rules")
+    return rules
+
+
+RULES: dict[str, Rule] = {key: rule for key, rule in _rules().items() if rule is not None}
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError naming the first impossible value. Never imports TensorFlow."""
+    _check_int_range(cfg)
+    for key, rule in RULES.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is not None and _distlab_option(cfg, key):
+            check(key, value, rule)
+    boundaries = OmegaConf.select(cfg, "schedule.boundaries", default=None)
+    factors = OmegaConf.select(cfg, "schedule.factors", default=None)
+    if boundaries is not None and factors is not None and len(factors) != len(boundaries) + 1:
+        raise ConfigError(
+            f"schedule.factors has {len(factors)} entries but schedule.boundaries has "
+            f"{len(boundaries)}: give one factor more than boundaries"
+        )
+    # the runner refuses it again once the strategy's replicas are known (a mirrored strategy
+    # over all the logical CPUs a process already has, or a strategy passed in)
+    if cfg.loop.jit_compile and (OmegaConf.select(cfg, "strategy.cpu_devices") or 1) > 1:
+        raise ConfigError(JIT_ON_LOGICAL_CPUS)
+    target = cfg.trainer.target
+    if (target.metric is None) != (target.value is None):
+        raise ConfigError("trainer.target needs both metric and value (e.g. "
+                          "trainer.target.metric=val_accuracy trainer.target.value=0.99), or "
+                          "neither")
+    if cfg.mode == "evaluate" and not cfg.ckpt_path:
+        raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+    metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
+    if metrics is not None:
+        check_watched(cfg.trainer, list(metrics))
+
+
+def _check_int_range(cfg: DictConfig) -> None:
+    """Integers beyond int32 overflow TensorFlow's counters: refuse them by key."""
+    for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
+        if key.startswith("hydra.") or key == "seed" or not _distlab_option(cfg, key):
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) >= INT_LIMIT
+               for v in values):
+            raise ConfigError(f"{key}={_show(value)} is out of range: integer settings must "
+                              f"be below 2**31 ({INT_LIMIT})")
+
+
+def _distlab_option(cfg: DictConfig, key: str) -> bool:
+    """Whether `key` belongs to one of distlab's own options (a user's component may use the
+    same key names with other meanings; its registered schema checks it instead)."""
+    from distlab.registry import REGISTRIES
+
+    group = key.split(".", 1)[0]
+    if group not in REGISTRIES or group == "dataset":  # every dataset has distlab's keys
+        return True
+    name = OmegaConf.select(cfg, f"{group}.name", default=None)
+    return name is None or REGISTRIES[group].is_builtin(str(name))
+
+
+def _show(value: Any) -> str:
+    if OmegaConf.is_config(value):
+        return str(OmegaConf.to_container(value))
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A container of nested dicts as {dotted key: value}."""
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}

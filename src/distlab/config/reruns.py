@@ -1,0 +1,36 @@
+"""Which keys a rerun into an existing run directory may change. No TensorFlow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distlab.config.checks import flatten
+
+# Keys a rerun into an existing run directory may change: they do not change what the
+# optimizer sees (how long, how often to checkpoint or report, where data is read from).
+RERUN_NEUTRAL_KEYS = {
+    "trainer.epochs", "trainer.export", "trainer.max_checkpoints", "trainer.validate_every",
+    "trainer.checkpoint_every", "loop.verbose", "loop.steps_per_loop",
+    "loop.steps_per_execution", "loop.jit_compile", "objective", "mode", "ckpt_path",
+    "dataset.data_dir", "dataset.cache", "dataset.disk_cache", "dataset.cache_dir",
+    "strategy.connect_timeout_s", "trainer.profile_steps", "trainer.throughput.warmup_epochs",
+    "trainer.throughput.warmup_steps", "trainer.throughput.windows",
+}  # trainer.target is not: whether it was reached is part of the checkpoint
+
+
+def effective(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` flattened to dotted keys, with what a null stands for filled in where it
+    depends on another key (a cosine schedule's decay_epochs: trainer.epochs)."""
+    flat = flatten(config)
+    if flat.get("schedule.name") == "cosine" and flat.get("schedule.decay_epochs") is None:
+        flat["schedule.decay_epochs"] = flat.get("trainer.epochs")
+    return flat
+
+
+def training_diff(started_with: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Dotted keys whose change would make a rerun train differently from the original run
+    (compared by `effective` value: a cosine decay over trainer.epochs is a decay_epochs)."""
+    old, new = effective(started_with), effective(now)
+    absent = "<absent>"
+    return sorted(k for k in old.keys() | new.keys()
+                  if k not in RERUN_NEUTRAL_KEYS and old.get(k, absent) != new.get(k, absent))

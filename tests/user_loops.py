@@ -49,3 +49,60 @@ class Counting(CustomLoop):
         if out := os.environ.get("USER_LOOP_OUT"):
             Path(out, f"seen-{self.exp.worker.index}").write_text(repr(float(self.seen.numpy())))
         return sums
+
+
+# ---- loops that break the contract: each is refused in one line naming what to fix
+@distlab.register("loop", "no_step")
+class NoStep(distlab.Loop):
+    pass
+
+
+class _Returns(CustomLoop):
+    value: object = None
+
+    def train_step(self, features, labels, weights):
+        super().train_step(features, labels, weights)
+        return self.value(labels) if callable(self.value) else self.value
+
+
+@distlab.register("loop", "returns_dict")
+class ReturnsDict(_Returns):
+    value = staticmethod(lambda labels: {"loss": tf.constant(0.0)})
+
+
+@distlab.register("loop", "returns_float32")
+class ReturnsFloat32(_Returns):
+    value = staticmethod(lambda labels: tf.zeros([3], tf.float32))
+
+
+@distlab.register("loop", "returns_none")
+class ReturnsNone(_Returns):
+    pass
+
+
+class _State(CustomLoop):
+    def state(self):
+        return self.items()
+
+
+@distlab.register("loop", "state_list")
+class StateList(_State):
+    def items(self):
+        return [tf.Variable(0)]
+
+
+@distlab.register("loop", "state_save_counter")
+class StateSaveCounter(_State):
+    def items(self):
+        return {"save_counter": tf.Variable(0)}
+
+
+@distlab.register("loop", "state_not_trackable")
+class StateNotTrackable(_State):
+    def items(self):
+        return {"counter": 3}
+
+
+@distlab.register("loop", "not_a_loop")
+def not_a_loop(exp):
+    return 42

@@ -10,9 +10,20 @@ class DistlabError(Exception):
     """
 
 
+def message(error: BaseException) -> str:
+    """An exception's message. An error raised while TensorFlow traced a function lists the
+    traced code's frames first ("in user code: ...") and its own message last: that line,
+    without its type name."""
+    text = str(error).strip()
+    if text.startswith("in user code:"):
+        last = [line.strip() for line in text.splitlines() if line.strip()][-1]
+        return last.removeprefix(f"{type(error).__name__}: ")
+    return text
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an exception's message (its type name if it has none), capped."""
-    text = str(error).strip()
+    text = message(error)
     return (text.splitlines()[0] if text else type(error).__name__)[:300]
 
 

@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, Config, Rule
 from distlab.errors import ConfigError
-from distlab.launch.results import builtin_task_metrics, check_watched
+from distlab.launch.results import builtin_task_metrics, check_objective, check_watched
 
 JIT_ON_LOGICAL_CPUS = (
     "loop.jit_compile=true cannot run on several logical CPU devices (strategy.cpu_devices>1): "
@@ -80,6 +80,7 @@ def validate(cfg: DictConfig) -> None:
     metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
     if metrics is not None:
         check_watched(cfg.trainer, list(metrics))
+        check_objective(cfg.objective, cfg.task.name, list(metrics))
 
 
 def _check_int_range(cfg: DictConfig) -> None:

@@ -29,7 +29,8 @@ from distlab import plugins
 from distlab.config import effective, register_configs, training_diff, validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import Interrupted
-from distlab.errors import DistlabError, composition_error
+from distlab.errors import DistlabError, composition_error, described
+from distlab.errors import message as error_message
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
 
@@ -206,10 +207,12 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                        error=str(e))
     except Exception as e:  # noqa: BLE001 - every failure is reported the same way
         user_error = isinstance(e, DistlabError)
-        message = str(e) if user_error else f"{type(e).__name__}: {e}"
+        # a DistlabError is one line (when TensorFlow traced the code it came from, without
+        # the traced frames); anything else: its type and first line, the traceback in run.log
+        message = error_message(e) if user_error else f"{type(e).__name__}: {e}"
         if not user_error:
             _traceback_to_log_file(e)
-        log.error(message if user_error else message.splitlines()[0] + " (traceback in run.log)")
+        log.error(message if user_error else described(e) + " (traceback in run.log)")
         failed = failed_results(cfg, message, started)
         run_dir.record_failure(failed)
         return Results(out, failed, exit_code=USER_ERROR if user_error else INTERNAL_ERROR,

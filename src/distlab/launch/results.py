@@ -214,6 +214,14 @@ def task_metrics(cfg: DictConfig) -> dict[str, bool]:
     return {m.name: m.higher_is_better for m in tasks.build(cfg.task).metrics}
 
 
+def check_objective(objective: str | None, task: str, metric_names: list[str]) -> None:
+    """Refuse, in one line, a `test_` objective that this task does not report."""
+    fields = ["test_loss", *(f"test_{m}" for m in metric_names)]
+    if objective and objective.startswith("test_") and objective not in fields:
+        raise ConfigError(f"objective={objective} is not a result of task {task!r}; its "
+                          f"results: {', '.join(fields)}")
+
+
 WATCHED = ("target", "early_stopping", "best_checkpoint")
 
 

@@ -11,6 +11,7 @@ here is saved, resumed and broadcast alike.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +53,14 @@ class Checkpoints:
         own = {"model": exp.model, "optimizer": exp.optimizer, "epoch": self.epoch,
                "step_in_epoch": self.step_in_epoch, EPOCH_SUMS: self.epoch_sums,
                **exp.monitors.state, **rng_states(exp.model)}
-        clash = sorted(set(own) & set(extra or {}))
-        if clash:
-            raise DistlabError(f"loop={exp.cfg.loop.name}: its state() names "
-                               f"{', '.join(clash)}, which distlab's checkpoint already holds; "
-                               "rename them")
-        self.state: dict[str, Any] = {**own, **(extra or {})}
-        self.checkpoint = tf.train.Checkpoint(**self.state)
+        self.state: dict[str, Any] = {**own, **_loop_items(exp.cfg.loop.name, extra, own)}
+        try:
+            self.checkpoint = tf.train.Checkpoint(**self.state)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise DistlabError(
+                f"loop.name={exp.cfg.loop.name!r}: its state() cannot be checkpointed "
+                f"({first_line(e)}); state() returns {{name: tf.Variable or another trackable "
+                "object}}") from None
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, str(exp.run_dir.checkpoints),
             max_to_keep=exp.cfg.trainer.max_checkpoints)
@@ -185,20 +187,44 @@ class Checkpoints:
             if partial:
                 status.expect_partial()
             status.assert_existing_objects_matched()
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError, IndexError) as e:
-            raise DistlabError(
-                f"cannot {what} checkpoint {prefix}: it is truncated or corrupt "
-                f"({first_line(e)}). Point ckpt_path at an intact checkpoint (ckpt-N prefix), "
-                "or move the damaged files away; nothing was deleted"
-            ) from None
-        except (tf.errors.OpError, ValueError, AssertionError) as e:
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError) as e:
             if status is not None:
                 status.expect_partial()  # no list of unrestored values when it is deleted
+            if _damaged(e):
+                raise DistlabError(
+                    f"cannot {what} checkpoint {prefix}: it is truncated or corrupt "
+                    f"({first_line(e)}). Point ckpt_path at an intact checkpoint (ckpt-N "
+                    "prefix), or move the damaged files away; nothing was deleted") from None
             raise DistlabError(
                 f"cannot {what} checkpoint {prefix}: it does not match the configured model "
                 f"({cfg.model.name}, dataset {cfg.dataset.name}): {_mismatch(e)}. Use the "
                 "overrides it was trained with (see its run dir's .hydra/config.yaml)"
             ) from None
+
+
+def _damaged(error: BaseException) -> bool:
+    """Whether a restore failed on damaged files (truncated, or bytes that fail their
+    checksum) rather than on a mismatch with the model."""
+    if isinstance(error, tf.errors.DataLossError | tf.errors.OutOfRangeError | IndexError):
+        return True
+    text = str(error).lower()
+    return "checksum does not match" in text or "corrupt" in text or "truncated" in text
+
+
+def _loop_items(loop: str, extra: Any, own: dict[str, Any]) -> dict[str, Any]:
+    """A loop's `state()`, checked: a dict whose names are free in a tf.train.Checkpoint."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, Mapping):
+        raise DistlabError(f"loop.name={loop!r}: its state() returned a "
+                           f"{type(extra).__name__}; it returns a dict {{name: tf.Variable}}")
+    taken = sorted(k for k in extra if k in own or hasattr(tf.train.Checkpoint, k)
+                   or not str(k).isidentifier())
+    if taken:
+        raise DistlabError(f"loop.name={loop!r}: its state() names {', '.join(map(str, taken))}"
+                           ", which a checkpoint already uses (or which is not a Python name); "
+                           "rename them")
+    return dict(extra)
 
 
 def rng_states(model: keras.Model) -> dict[str, list]:

@@ -19,7 +19,7 @@ from distlab.components.tasks import Task
 from distlab.data import pipeline
 from distlab.data.pipeline import Data
 from distlab.distribute.cluster import Worker
-from distlab.errors import DistlabError
+from distlab.launch.results import check_objective
 from distlab.launch.run_dir import RunDir
 from distlab.training.actions.monitors import Monitors
 
@@ -53,10 +53,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
                          cfg.trainer.steps_per_epoch)
     task = tasks.build(cfg.task)
     tasks.check_labels(task, cfg.task.name, data.name, data.classes)
-    fields = ["test_loss", *(f"test_{m}" for m in task.metric_names)]
-    if cfg.objective and cfg.objective.startswith("test_") and cfg.objective not in fields:
-        raise DistlabError(f"objective={cfg.objective} is not a result of task "
-                           f"{cfg.task.name!r}; its results: {', '.join(fields)}")
+    check_objective(cfg.objective, cfg.task.name, task.metric_names)  # a user task's: now
     lr = learning_rate(cfg, effective_batch_size(cfg, data.global_batch_size))
     with strategy.scope():
         model = models.build(cfg.model, data.input_shape, data.outputs)

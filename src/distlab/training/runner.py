@@ -109,6 +109,10 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     checkpoints = None
     try:
         loop = LOOPS.get(cfg.loop.name)(exp)
+        if not isinstance(loop, Loop):
+            raise DistlabError(
+                f"loop.name={cfg.loop.name!r} built a {type(loop).__name__}, not a loop: "
+                "register a distlab.Loop subclass (it implements train_step)")
         checkpoints = Checkpoints(exp, loop.state())
         return (_evaluate(exp, loop, checkpoints) if cfg.mode == "evaluate"
                 else _train(exp, loop, checkpoints))

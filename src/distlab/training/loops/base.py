@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from distlab.data.pipeline import distribute
+from distlab.errors import DistlabError
 from distlab.training.checkpoints import stats_size
 from distlab.training.experiment import Experiment
 
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 SUM = tf.distribute.ReduceOp.SUM
 
 
+class LoopError(DistlabError):
+    """A loop that breaks the Loop contract (a user's own loop, usually)."""
+
+
 class Loop:
     """A training loop (registered in `distlab.registry.LOOPS`): subclass it and implement
     `train_step`."""
@@ -36,6 +41,12 @@ class Loop:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.loss_fn = exp.task.loss
+        cls = type(self)
+        if (cls.train_step is Loop.train_step and cls.train_steps is Loop.train_steps
+                and cls.run is Loop.run):
+            raise LoopError(f"{self._name}: {cls.__name__} implements no train_step; a Loop "
+                            "implements train_step(features, labels, weights) returning "
+                            "self.batch_stats(labels, predictions, per_example_loss, weights)")
         if exp.cfg.loop.jit_compile:  # XLA per replica step; strategy.run stays outside it
             self.train_step = tf.function(self.train_step, jit_compile=True)
             self._test_step = tf.function(self._test_step, jit_compile=True)
@@ -113,10 +124,28 @@ class Loop:
     def num_stats(self) -> int:
         return stats_size(self.exp.task)
 
+    @property
+    def _name(self) -> str:
+        return f"loop.name={self.exp.cfg.loop.name!r}"
+
+    def _checked_step(self, features, labels, weights):
+        """train_step, its result checked while it is traced (one line, not TF's error)."""
+        stats = self.train_step(features, labels, weights)
+        if not (tf.is_tensor(stats) and stats.dtype == tf.float64
+                and stats.shape.as_list() == [self.num_stats]):
+            got = (f"a {stats.dtype.name} tensor of shape {stats.shape.as_list()}"
+                   if tf.is_tensor(stats) else type(stats).__name__)
+            raise LoopError(
+                f"{self._name}: {type(self).__name__}.train_step returned {got}; it must return "
+                "self.batch_stats(labels, predictions, per_example_loss, weights), a float64 "
+                f"vector of {self.num_stats} sums")
+        return stats
+
     def _train_n_steps(self, iterator, n):
         totals = tf.zeros([self.num_stats], tf.float64)
         for _ in tf.range(n):
-            totals += self._reduce(self.exp.strategy.run(self.train_step, args=next(iterator)))
+            totals += self._reduce(self.exp.strategy.run(self._checked_step,
+                                                         args=next(iterator)))
         return totals
 
     def _test_step(self, features, labels, weights):

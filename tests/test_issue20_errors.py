@@ -1,0 +1,51 @@
+"""A user's loop that breaks the Loop contract, and damaged checkpoints: one line each, naming
+what to fix, exit status 2 (the QA pass of issue 20)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+SMALL = ("strategy=default", "trainer.steps_per_epoch=2", "trainer.epochs=1",
+         "dataset.batch_size_per_replica=16")
+
+
+@pytest.mark.parametrize("loop, expected", [
+    ("no_step", "loop.name='no_step': NoStep implements no train_step; a Loop implements "
+                "train_step(features, labels, weights) returning self.batch_stats("),
+    ("returns_dict", "ReturnsDict.train_step returned dict; it must return self.batch_stats("),
+    ("returns_float32", "ReturnsFloat32.train_step returned a float32 tensor of shape [3]; it "
+                        "must return self.batch_stats("),
+    ("returns_none", "ReturnsNone.train_step returned NoneType; it must return"),
+    ("state_list", "its state() returned a list; it returns a dict {name: tf.Variable}"),
+    ("state_save_counter", "its state() names save_counter, which a checkpoint already uses"),
+    ("state_not_trackable", "loop.name='state_not_trackable': its state() cannot be "
+                            "checkpointed ("),
+    ("not_a_loop", "loop.name='not_a_loop' built a int, not a loop: register a distlab.Loop "
+                   "subclass"),
+])
+def test_a_broken_user_loop_is_one_line(run_inprocess, tmp_path, caplog, loop, expected):
+    with pytest.raises(SystemExit) as exit_:
+        run_inprocess("imports=[user_loops]", "loop=custom", f"loop.name={loop}", *SMALL,
+                      out=tmp_path / "run")
+    assert exit_.value.code == 2
+    error = json.loads((tmp_path / "run" / "results.json").read_text())["error"]
+    assert expected in error and "\n" not in error, error
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged == [error]
+
+
+def test_a_checkpoint_failing_its_checksum_is_called_damaged(run_inprocess, tmp_path):
+    run_inprocess(*SMALL, out=tmp_path / "run")
+    (data,) = (tmp_path / "run" / "checkpoints").glob("ckpt-2.data-*")
+    raw = bytearray(data.read_bytes())
+    for i in range(0, len(raw), 64):  # every variable's bytes, so the model's too
+        raw[i] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(SystemExit):
+        run_inprocess(*SMALL, "mode=evaluate", f"ckpt_path={tmp_path / 'run'}",
+                      out=tmp_path / "eval")
+    error = json.loads((tmp_path / "eval" / "results.json").read_text())["error"]
+    assert "is truncated or corrupt" in error and "does not match" not in error.split("(")[0]

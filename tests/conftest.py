@@ -33,6 +33,34 @@ def pytest_configure(config):
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
 
 
+@pytest.fixture(autouse=True)
+def _fast_tier_trains_nothing(request):
+    """The fast tier (`-m "not slow"`) trains nothing: in a test without the `slow` marker an
+    optimizer update, `Model.fit` or `Model.train_on_batch` fails the test (mark it slow).
+    In-process only; the fast tier's `run.py` subprocesses are refusals before TensorFlow."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import keras
+
+    calls: list[str] = []
+
+    def forbidden(name: str):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise RuntimeError(f"{name} in a test not marked slow (the fast tier trains "
+                               "nothing): mark it @pytest.mark.slow")
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:  # its own: a test's monkeypatch.undo() keeps it
+        mp.setattr(keras.optimizers.Optimizer, "apply", forbidden("an optimizer update"))
+        mp.setattr(keras.Model, "fit", forbidden("Model.fit"))
+        mp.setattr(keras.Model, "train_on_batch", forbidden("Model.train_on_batch"))
+        yield
+    if calls:  # also when the code under test caught the error (a run reports it as failed)
+        pytest.fail(f"{request.node.nodeid} trains ({calls[0]}) but is not marked slow")
+
+
 def _write_tiny(name: str, data_dir: Path) -> None:
     """A learnable tiny dataset in tfds' own on-disk format, read back by tfds' real builder."""
     import numpy as np

@@ -35,6 +35,7 @@ def test_regression_parity_across_loops_and_replicas(run_inprocess):
             assert results[field] == pytest.approx(reference[field], abs=1e-5), (key, field)
 
 
+@pytest.mark.slow
 def test_regression_history_columns_and_objective(run_inprocess, tmp_path):
     out = tmp_path / "reg"
     results = run_inprocess(*REGRESSION, "loop=custom", "strategy=default", out=out)
@@ -54,6 +55,7 @@ def test_an_objective_the_task_does_not_report_is_refused(run_inprocess, tmp_pat
     assert "test_loss, test_mae, test_rmse" in error
 
 
+@pytest.mark.slow
 def test_classification_top_k_and_probabilities(run_inprocess):
     logits = run_inprocess("loop=custom", "strategy=default", "task.top_k=3",
                            "trainer.epochs=1")
@@ -103,6 +105,7 @@ USER = ["dataset.preprocess.rescale=null", "model=mlp", "model.hidden_units=[8]"
         "optimizer.learning_rate=0.02"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("builder", ["arrays", "datasets"])
 def test_user_dataset_builder(user_package, run_inprocess, builder):
     results = run_inprocess(*USER, f"dataset.name=user_data:{builder}")

@@ -33,6 +33,7 @@ def test_four_accumulated_batches_of_32_equal_one_batch_of_128(loop, replicas, r
     assert abs(single["test_loss"] - whole["test_loss"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_keras_accumulation_fails_under_a_strategy_without_the_correction():
     """The reason for distlab.keras_patches.accumulation: if this stops failing, Keras fixed it."""
     import keras
@@ -112,6 +113,7 @@ def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, tmp_path
     assert (out / "checkpoints" / f"ckpt-{3 * stopped['best_epoch']}.index").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_profile_steps_write_a_trace_where_tensorboard_looks(loop, run_inprocess, tmp_path):
     out = tmp_path / "profiled"
@@ -122,13 +124,10 @@ def test_profile_steps_write_a_trace_where_tensorboard_looks(loop, run_inprocess
     assert len(traces) == 1 and traces[0].stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_with_float32_outputs_and_variables(precision, run_inprocess,
                                                                    tmp_path):
-    import keras
-
-    from distlab.components import models
-
     results = run_inprocess("model=mlp", "model.hidden_units=[32]", "loop=custom",
                             f"precision={precision}", "trainer.epochs=1",
                             "trainer.steps_per_epoch=4", "trainer.export=true",
@@ -136,7 +135,15 @@ def test_mixed_precision_trains_with_float32_outputs_and_variables(precision, ru
     assert results["status"] == "completed" and results["precision"] == precision
     assert results["saved_model"] == "saved_model"  # exported, reloaded and checked
     assert results["test_loss"] < 2.4  # learnt something, finite
-    # the model as the run built it: computes in the low precision, outputs float32
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_low_precision_models_output_float32_and_keep_float32_variables(precision):
+    """The model as a run builds it: computes in the low precision, outputs float32."""
+    import keras
+
+    from distlab.components import models
+
     keras.mixed_precision.set_dtype_policy(precision)
     try:
         inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
@@ -148,6 +155,7 @@ def test_mixed_precision_trains_with_float32_outputs_and_variables(precision, ru
         keras.mixed_precision.set_dtype_policy("float32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrected", [False, True])
 def test_loss_scaling_skips_a_step_that_overflows_on_any_replica(corrected):
     import keras

@@ -31,6 +31,22 @@ def pytest_configure(config):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+    # `-n N` without a --dist of the caller's: xdist's loadgroup, which hands out one test (or
+    # one xdist_group) at a time in the order below, instead of load's first chunks of ~50
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load":
+        given = [*config.invocation_params.args, os.environ.get("PYTEST_ADDOPTS", ""),
+                 *config.getini("addopts")]
+        if not any(a.startswith(("--dist", "-d")) for arg in given for a in str(arg).split()):
+            config.option.dist = "loadgroup"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the longest tests first, so that the last ones to finish are short: the
+    multi-process tests, then the other slow ones, then the fast tier (a stable sort: file
+    order within each)."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its order is the one handed out
+        items.sort(key=lambda item: 0 if item.get_closest_marker("multiprocess")
+                   else 1 if item.get_closest_marker("slow") else 2)
 
 
 @pytest.fixture(autouse=True)

@@ -199,6 +199,32 @@ def run_inprocess(tiny_data_dir, tmp_path):
     return _run
 
 
+@pytest.fixture(scope="session")
+def run_once(tiny_data_dir, tmp_path_factory):
+    """run_once(*overrides) -> (results.json as a dict, run dir): as run_inprocess, but each
+    distinct list of overrides trains once per session (per xdist worker), for tests that
+    only read the run (results, history, checkpoints). Tests sharing runs share an
+    @pytest.mark.xdist_group, so that one worker runs them all."""
+    import copy
+
+    import distlab
+
+    done: dict[tuple[str, ...], tuple[dict, Path]] = {}
+
+    def _run(*overrides: str) -> tuple[dict, Path]:
+        if overrides not in done:
+            out = tmp_path_factory.mktemp("run_once")
+            results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),
+                                  output_dir=out)
+            if results.exit_code:
+                raise SystemExit(results.exit_code)
+            done[overrides] = json.loads((out / "results.json").read_text()), out
+        results, out = done[overrides]
+        return copy.deepcopy(results), out
+
+    return _run
+
+
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
             ) -> subprocess.CompletedProcess:
     """`python run.py ARGS` from the repository root."""

@@ -240,7 +240,10 @@ def test_process_per_job_launcher_sweeps_cpu_devices(launcher, options, tiny_dat
     rows = _summary(tmp_path)
     assert [(r["num_replicas"], r["global_batch_size"], r["status"]) for r in rows] == [
         ("1", "64", "completed"), ("2", "128", "completed")]
-    assert (tmp_path / "summary.md").exists() and (tmp_path / "summary.png").exists()
+    md = (tmp_path / "summary.md").read_text()
+    for num, devices in ((0, 1), (1, 2)):
+        assert f"| {num} | strategy.cpu_devices={devices} | completed |" in md, md
+    _assert_png(tmp_path / "summary.png")
 
 
 @pytest.mark.slow

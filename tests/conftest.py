@@ -31,6 +31,50 @@ def pytest_configure(config):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+    # `-n N` without a --dist of the caller's: xdist's loadgroup, which hands out one test (or
+    # one xdist_group) at a time in the order below, instead of load's first chunks of ~50
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load":
+        given = [*config.invocation_params.args, os.environ.get("PYTEST_ADDOPTS", ""),
+                 *config.getini("addopts")]
+        if not any(a.startswith(("--dist", "-d")) for arg in given for a in str(arg).split()):
+            config.option.dist = "loadgroup"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the longest tests first, so that the last ones to finish are short: the
+    multi-process tests, then the other slow ones, then the fast tier (a stable sort: file
+    order within each)."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its order is the one handed out
+        items.sort(key=lambda item: 0 if item.get_closest_marker("multiprocess")
+                   else 1 if item.get_closest_marker("slow") else 2)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_trains_nothing(request):
+    """The fast tier (`-m "not slow"`) trains nothing: in a test without the `slow` marker an
+    optimizer update, `Model.fit` or `Model.train_on_batch` fails the test (mark it slow).
+    In-process only; the fast tier's `run.py` subprocesses are refusals before TensorFlow."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import keras
+
+    calls: list[str] = []
+
+    def forbidden(name: str):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise RuntimeError(f"{name} in a test not marked slow (the fast tier trains "
+                               "nothing): mark it @pytest.mark.slow")
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:  # its own: a test's monkeypatch.undo() keeps it
+        mp.setattr(keras.optimizers.Optimizer, "apply", forbidden("an optimizer update"))
+        mp.setattr(keras.Model, "fit", forbidden("Model.fit"))
+        mp.setattr(keras.Model, "train_on_batch", forbidden("Model.train_on_batch"))
+        yield
+    if calls:  # also when the code under test caught the error (a run reports it as failed)
+        pytest.fail(f"{request.node.nodeid} trains ({calls[0]}) but is not marked slow")
 
 
 def _write_tiny(name: str, data_dir: Path) -> None:
@@ -151,6 +195,32 @@ def run_inprocess(tiny_data_dir, tmp_path):
         if results.exit_code:  # as the `distlab` command ends a single run
             raise SystemExit(results.exit_code)
         return json.loads((out / "results.json").read_text())
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def run_once(tiny_data_dir, tmp_path_factory):
+    """run_once(*overrides) -> (results.json as a dict, run dir): as run_inprocess, but each
+    distinct list of overrides trains once per session (per xdist worker), for tests that
+    only read the run (results, history, checkpoints). Tests sharing runs share an
+    @pytest.mark.xdist_group, so that one worker runs them all."""
+    import copy
+
+    import distlab
+
+    done: dict[tuple[str, ...], tuple[dict, Path]] = {}
+
+    def _run(*overrides: str) -> tuple[dict, Path]:
+        if overrides not in done:
+            out = tmp_path_factory.mktemp("run_once")
+            results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),
+                                  output_dir=out)
+            if results.exit_code:
+                raise SystemExit(results.exit_code)
+            done[overrides] = json.loads((out / "results.json").read_text()), out
+        results, out = done[overrides]
+        return copy.deepcopy(results), out
 
     return _run
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import ROOT, fast_overrides
 
 
+@pytest.mark.slow
 def test_train_twice_in_one_process_deterministic_then_not(tiny_data_dir, tmp_path):
     from tensorflow.python.framework import config as tf_config
 

@@ -20,6 +20,7 @@ def _entries(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_runs_share_entries_keyed_by_everything_the_data_depends_on(run_inprocess, tmp_path):
     root = Path(os.environ["DISTLAB_CACHE_DIR"])
     shared = set(root.glob("*")) if root.is_dir() else set()  # other tests' entries

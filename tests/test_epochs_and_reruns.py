@@ -51,13 +51,13 @@ def _checkpoints(run_dir: Path) -> list[str]:
                   key=lambda n: int(n.split("-")[1]))
 
 
-def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_path):
-    args = [*fast_overrides(tiny_data_dir), "strategy=default", "loop.steps_per_execution=7",
-            "trainer.steps_per_epoch=100", "trainer.epochs=3", "trainer.validate_every=0",
-            "deterministic=true", "seed=3"]
+def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_path,
+                                                            run_inprocess):
+    training = ["strategy=default", "loop.steps_per_execution=7", "trainer.steps_per_epoch=100",
+                "trainer.epochs=3", "trainer.validate_every=0", "deterministic=true", "seed=3"]
+    args = [*fast_overrides(tiny_data_dir), *training]
     a, b = tmp_path / "a", tmp_path / "b"
-    out = run_cli(*args, f"hydra.run.dir={a}")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    run_inprocess(*training, out=a)  # the uninterrupted run; the killed one is a process
     assert _checkpoints(a) == ["ckpt-100", "ckpt-200", "ckpt-300"]  # not 101/202/300
     assert _epochs(a) == [1, 2, 3]
 
@@ -77,8 +77,9 @@ def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):
 
 
 def test_kill_before_the_first_checkpoint_then_rerun(tiny_data_dir, tmp_path):
+    # killed as epoch 3 (50 steps) starts: no checkpoint yet (the first would be its last)
     args = [*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=3",
-            "trainer.steps_per_epoch=100", "trainer.checkpoint_every=5",
+            "trainer.steps_per_epoch=50", "trainer.checkpoint_every=5",
             f"hydra.run.dir={tmp_path}"]
     _kill_after_rows(args, tmp_path, rows=2)
     assert not _checkpoints(tmp_path)
@@ -104,16 +105,19 @@ def test_a_failed_run_without_checkpoint_accepts_a_new_config(tiny_data_dir, tmp
 
 def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_dir, tmp_path):
     # keras#19246 is corrected; with oneDNN's kernels off the block size changes no digit
-    # (with them, rounding differs between the two graphs: README "Keras corrections")
+    # (with them, rounding differs between the two graphs: README "Keras corrections").
+    # One run.py process (oneDNN is chosen when TensorFlow loads) runs both as a sweep.
+    out = run_cli("-m", *fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
+                  "loop.steps_per_execution=1,10", "trainer.steps_per_epoch=25",
+                  "deterministic=true", "seed=2", f"hydra.sweep.dir={tmp_path}",
+                  env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     losses = []
-    for block in (1, 10):
-        out = run_cli(*fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
-                      f"loop.steps_per_execution={block}", "trainer.steps_per_epoch=25",
-                      "deterministic=true", "seed=2", f"hydra.run.dir={tmp_path / str(block)}",
-                      env={"TF_ENABLE_ONEDNN_OPTS": "0"})
-        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-        results = _results(tmp_path / str(block))
-        assert results["num_replicas"] == 2
+    for job, block in ((0, 1), (1, 10)):
+        results = _results(tmp_path / str(job))
+        assert (results["num_replicas"], results["epochs_completed"]) == (2, 2)
+        assert f"loop.steps_per_execution={block}" in (
+            tmp_path / str(job) / ".hydra" / "overrides.yaml").read_text()
         losses.append(results["test_loss"])
     assert losses[1] == pytest.approx(losses[0], abs=1e-6)
 

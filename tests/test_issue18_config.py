@@ -220,6 +220,7 @@ def test_optuna_advice_follows_the_target_direction():
         assert advice in _advice(cfg, task_metrics(cfg))
 
 
+@pytest.mark.slow
 def test_extending_a_schedule_that_reached_zero_warns(run_inprocess, tmp_path, caplog):
     """Item 13: epochs trained at learning rate 0 are said to change nothing."""
     common = ("schedule=cosine", "schedule.decay_epochs=1", "strategy=default",

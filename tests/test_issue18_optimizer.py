@@ -83,6 +83,7 @@ def _train_dense(strategy, optimizer_fn, micro_batches: int, steps: int = 2):
     return [w.numpy() for w in model.weights]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", ["clipnorm", "global_clipnorm", "clipvalue"])
 def test_clipping_acts_on_the_gradient_summed_over_replicas(clip):
     """Keras clips each replica's own gradient (a clipped run then depends on the replica

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, fast_overrides, run_cli, stop_at
 
+pytestmark = pytest.mark.slow  # every test here trains
+
 # the per-epoch figures; seconds, examples_per_sec etc. are this process's own
 FIGURES = ("learning_rate", "loss", "accuracy", "val_loss", "val_accuracy")
 SMALL = ("model=mlp", "model.hidden_units=[32]", "model.dropout=0.2", "deterministic=true",

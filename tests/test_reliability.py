@@ -43,26 +43,32 @@ def _digest(run_dir: Path) -> dict[str, str]:
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
+def _training(loop: str, *extra: str) -> list[str]:
+    return [f"loop={loop}", "trainer.epochs=3", "trainer.checkpoint_every=1",
+            "deterministic=true", "seed=11", *extra]
+
+
 def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
-    return [*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=3",
-            "trainer.checkpoint_every=1", "deterministic=true", "seed=11",
-            f"hydra.run.dir={run_dir}", *extra]
+    return [*fast_overrides(tiny_data_dir), f"hydra.run.dir={run_dir}",
+            *_training(loop, *extra)]
 
 
 @pytest.mark.parametrize("loop,option", [("keras_fit", "trainer.grad_accum_steps=4"),
                                          ("custom", "precision=mixed_bfloat16")])
-def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_path):
+def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_path,
+                                            run_inprocess):
     # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch; dropout
     # (its RNG state is checkpointed), batch norm and seeded augmentation must resume exactly,
     # and so must gradient accumulation (150 steps: epoch 1 ends mid-accumulation), mixed
-    # precision and the best checkpoint (its state is in the checkpoint)
+    # precision and the best checkpoint (its state is in the checkpoint). The killed run and
+    # its rerun are run.py processes; the uninterrupted run and the evaluation of the best
+    # checkpoint run in this process, on one CPU device as run.py's (strategy.cpu_devices=1)
     extra = ("trainer.steps_per_epoch=150", "model=mlp", "model.hidden_units=[32]",
              "model.dropout=0.3", "model.batch_norm=true", "dataset.augment.crop_padding=2",
              "dataset.augment.flip=horizontal", "trainer.best_checkpoint.metric=val_loss",
-             option)
+             "strategy.cpu_devices=1", option)
     a, c = tmp_path / "a", tmp_path / "c"
-    assert run_cli(*_args(tiny_data_dir, loop, a, *extra)).returncode == 0
-    uninterrupted = _results(a)
+    uninterrupted = run_inprocess(*_training(loop, *extra), out=a)
 
     for run_dir, rows, delay in ((c, 1, 0.4),):  # mid-epoch 2 (the rerun retrains epoch 2)
         proc = _start(*_args(tiny_data_dir, loop, run_dir, *extra))
@@ -86,19 +92,18 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
         if option.startswith("precision="):  # the model's own dtype policy
             assert resumed["precision"] == option.split("=")[1]
     # the best checkpoint evaluates to the val_loss recorded for it
-    best = run_cli(*fast_overrides(tiny_data_dir), "mode=evaluate", f"loop={loop}", option,
-                   *extra[1:-2], f"ckpt_path={c}/checkpoints/best",
-                   f"hydra.run.dir={tmp_path / 'best'}")
-    assert best.returncode == 0, best.stderr[-3000:]
-    evaluated = _results(tmp_path / "best")
+    evaluated = run_inprocess("mode=evaluate", f"loop={loop}", option, *extra[1:-3],
+                              "strategy.cpu_devices=1", f"ckpt_path={c}/checkpoints/best",
+                              out=tmp_path / "best")
     assert evaluated["test_loss"] == pytest.approx(resumed["best_value"], abs=1e-6)
     assert evaluated["trained"]["epochs_completed"] == 3  # the run's record, best is epoch N
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
 def test_sigterm_checkpoints_then_resumes(loop, tiny_data_dir, tmp_path):
+    # 200 steps per epoch: the signal, 0.5 s after epoch 1's row, lands while training
     args = _args(tiny_data_dir, loop, tmp_path, "trainer.epochs=4",
-                 "trainer.steps_per_epoch=400")
+                 "trainer.steps_per_epoch=200")
     proc = _start(*args)
     _wait_rows(proc, tmp_path, 1)
     time.sleep(0.5)
@@ -165,10 +170,9 @@ def test_reruns_completed_refused_and_extended(tiny_data_dir, tmp_path):
     assert epochs == [1, 2, 3]
 
 
-def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path):
-    train = tmp_path / "train"
-    assert run_cli(*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=2",
-                   f"hydra.run.dir={train}").returncode == 0
+def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path, run_inprocess):
+    train = tmp_path / "train"  # trained in this process, on one device as run.py's
+    run_inprocess("trainer.steps_per_epoch=2", "strategy.cpu_devices=1", out=train)
     data_files = sorted((train / "checkpoints").glob("ckpt-*.data-*"))
     latest = data_files[-1]
     latest.write_bytes(latest.read_bytes()[:100])  # truncate
@@ -182,7 +186,7 @@ def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path):
 
     # resuming (extending) from it is refused the same way; nothing is deleted
     out = run_cli(*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=2", "trainer.epochs=3",
-                  f"hydra.run.dir={train}")
+                  "strategy.cpu_devices=1", f"hydra.run.dir={train}")
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "truncated or corrupt" in text, text[-3000:]
     after = _digest(train)

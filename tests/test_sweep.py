@@ -168,7 +168,7 @@ def test_sweep_configs_compose():
 
 
 @pytest.mark.slow
-def test_sweep_writes_job_dirs_and_summary(tiny_data_dir, tmp_path):
+def test_sweep_writes_job_dirs_and_summary(tiny_data_dir, tmp_path, run_inprocess):
     common = ("deterministic=true", "seed=3", "optimizer.lr_scaling=linear",
               "optimizer.base_batch_size=64")
     out, text = _sweep(tiny_data_dir, tmp_path / "s", *common,
@@ -201,12 +201,11 @@ def test_sweep_writes_job_dirs_and_summary(tiny_data_dir, tmp_path):
     _hparams_events(tmp_path / "s")
 
     # deterministic=true: job 1 of the in-process sweep equals the same config run alone
-    alone = tmp_path / "alone"
-    out = run_cli(*fast_overrides(tiny_data_dir), *SHORT, *common,
-                  "dataset.batch_size_per_replica=128", f"hydra.run.dir={alone}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert _results(alone)["test_loss"] == pytest.approx(
-        _results(tmp_path / "s" / "1")["test_loss"], abs=1e-6)
+    # (here in this process, on one CPU device as run.py's)
+    alone = run_inprocess(*SHORT, *common, "dataset.batch_size_per_replica=128",
+                          "strategy.cpu_devices=1")
+    assert alone["test_loss"] == pytest.approx(_results(tmp_path / "s" / "1")["test_loss"],
+                                               abs=1e-6)
 
 
 @pytest.mark.slow
@@ -241,7 +240,10 @@ def test_process_per_job_launcher_sweeps_cpu_devices(launcher, options, tiny_dat
     rows = _summary(tmp_path)
     assert [(r["num_replicas"], r["global_batch_size"], r["status"]) for r in rows] == [
         ("1", "64", "completed"), ("2", "128", "completed")]
-    assert (tmp_path / "summary.md").exists() and (tmp_path / "summary.png").exists()
+    md = (tmp_path / "summary.md").read_text()
+    for num, devices in ((0, 1), (1, 2)):
+        assert f"| {num} | strategy.cpu_devices={devices} | completed |" in md, md
+    _assert_png(tmp_path / "summary.png")
 
 
 @pytest.mark.slow

@@ -76,4 +76,5 @@ def test_summary_gives_scaling_efficiency_spread_and_time_to_target(tmp_path):
     assert {"train_examples_per_sec_std", "scaling_efficiency", "time_to_target_s",
             "epochs_to_target"} <= set(header)
     assert csv[2].split(",")[header.index("scaling_efficiency")] == "0.8"
-    assert (tmp_path / "summary.png").stat().st_size > 0
+    png = (tmp_path / "summary.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000  # a PNG with a plot in it

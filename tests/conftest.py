@@ -31,8 +31,9 @@ def pytest_configure(config):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
-    # `-n N` without a --dist of the caller's: xdist's loadgroup, which hands out one test (or
-    # one xdist_group) at a time in the order below, instead of load's first chunks of ~50
+    # `-n N` without a --dist of the caller's: xdist's loadgroup, which hands out the tests
+    # one at a time in the order below (none here has an xdist_group), instead of load's
+    # first chunks of ~50 consecutive tests per worker
     if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load":
         given = [*config.invocation_params.args, os.environ.get("PYTEST_ADDOPTS", ""),
                  *config.getini("addopts")]
@@ -202,25 +203,32 @@ def run_inprocess(tiny_data_dir, tmp_path):
 @pytest.fixture(scope="session")
 def run_once(tiny_data_dir, tmp_path_factory):
     """run_once(*overrides) -> (results.json as a dict, run dir): as run_inprocess, but each
-    distinct list of overrides trains once per session (per xdist worker), for tests that
-    only read the run (results, history, checkpoints). Tests sharing runs share an
-    @pytest.mark.xdist_group, so that one worker runs them all."""
-    import copy
+    distinct list of overrides trains once per test session, for tests that only read the
+    run (results, history, checkpoints). The runs are kept in the session's base temporary
+    directory, which the xdist workers share: the first to ask trains (under a file lock),
+    the others read its run."""
+    import fcntl
+    import hashlib
 
     import distlab
 
-    done: dict[tuple[str, ...], tuple[dict, Path]] = {}
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # popen-gwN's parent: the same for every worker
+    root = root / "run_once"
+    root.mkdir(exist_ok=True)
 
     def _run(*overrides: str) -> tuple[dict, Path]:
-        if overrides not in done:
-            out = tmp_path_factory.mktemp("run_once")
-            results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),
-                                  output_dir=out)
-            if results.exit_code:
-                raise SystemExit(results.exit_code)
-            done[overrides] = json.loads((out / "results.json").read_text()), out
-        results, out = done[overrides]
-        return copy.deepcopy(results), out
+        out = root / hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:16]
+        with open(f"{out}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = out / "results.json"
+            if not (done.exists() and json.loads(done.read_text())["status"] == "completed"):
+                results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),
+                                      output_dir=out)
+                if results.exit_code:
+                    raise SystemExit(results.exit_code)
+            return json.loads(done.read_text()), out
 
     return _run
 

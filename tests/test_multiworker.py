@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose, fast_overrides
+from conftest import ROOT, fast_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 TIMEOUT = 240  # seconds before a worker process is killed
@@ -90,24 +90,12 @@ RUN = ("trainer.epochs=3", "trainer.steps_per_epoch=30", "trainer.checkpoint_eve
        "deterministic=true", "seed=5")
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_data_dir, tmp_path_factory):
+@pytest.fixture
+def reference(run_once):
     """reference(loop): the same training in one process with 2 replicas (the multi-worker
-    runs' target), run once per loop, in this process (what is compared is its figures)."""
-    import distlab
-
-    done: dict[str, dict] = {}
-
-    def get(loop: str) -> dict:
-        if loop not in done:
-            run_dir = tmp_path_factory.mktemp(f"reference_{loop}")
-            results = distlab.run(compose([*fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
-                                           "strategy.cpu_devices=2"]), output_dir=run_dir)
-            assert results.ok, results.error
-            done[loop] = _results(run_dir)
-        return done[loop]
-
-    return get
+    runs' target), trained once per session, in a test process (what is compared is its
+    figures)."""
+    return lambda loop: run_once(*RUN, f"loop={loop}", "strategy.cpu_devices=2")[0]
 
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])

@@ -89,13 +89,12 @@ def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
 
 def _trained(run_once, loop: str, replicas: int) -> tuple[dict, object]:
     """A deterministic run (2 epochs of 6 steps) on a global batch of 128 in `replicas`
-    replicas, trained once for the tests of the xdist group "trained" (which only read it)."""
+    replicas, trained once for the tests below (which only read it)."""
     return run_once(f"loop={loop}", "deterministic=true", "seed=3", "trainer.steps_per_epoch=6",
                     f"strategy.cpu_devices={replicas}",
                     f"dataset.batch_size_per_replica={128 // replicas}")
 
 
-@pytest.mark.xdist_group("trained")
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_replica_equivalence_same_global_batch(loop, run_once):
     one, _ = _trained(run_once, loop, 1)
@@ -105,7 +104,6 @@ def test_replica_equivalence_same_global_batch(loop, run_once):
     assert two["test_loss"] == pytest.approx(one["test_loss"], abs=1e-3)
 
 
-@pytest.mark.xdist_group("trained")
 def test_fit_and_custom_agree(run_once):
     fit, _ = _trained(run_once, "keras_fit", 2)
     custom, _ = _trained(run_once, "custom", 2)
@@ -113,7 +111,6 @@ def test_fit_and_custom_agree(run_once):
     assert custom["test_loss"] == pytest.approx(fit["test_loss"], abs=1e-3)
 
 
-@pytest.mark.xdist_group("trained")
 @pytest.mark.parametrize("train_loop,eval_loop", [("keras_fit", "custom"),
                                                   ("custom", "keras_fit")])
 def test_checkpoint_from_one_loop_restores_in_the_other(train_loop, eval_loop, run_inprocess,
@@ -133,7 +130,6 @@ def test_checkpoint_cadence(run_inprocess, tmp_path):
     assert names == ["ckpt-10.index", "ckpt-4.index", "ckpt-8.index"]
 
 
-@pytest.mark.xdist_group("trained")
 def test_evaluate_rejects_a_checkpoint_of_another_model(run_inprocess, run_once, tmp_path):
     _, trained = _trained(run_once, "keras_fit", 2)  # model=mnist_cnn
     with pytest.raises(SystemExit) as e:
@@ -192,7 +188,6 @@ def test_history_loss_has_one_definition_in_both_loops(run_inprocess, tmp_path):
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
-@pytest.mark.xdist_group("trained")
 def test_evaluate_mode_says_which_figures_are_the_training_runs(run_inprocess, run_once,
                                                                 tmp_path):
     _, trained = _trained(run_once, "custom", 2)  # 2 x 64 rows, 6 steps per epoch

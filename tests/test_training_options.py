@@ -131,7 +131,6 @@ MIXED = ("model=mlp", "model.hidden_units=[32]", "loop=custom", "trainer.epochs=
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("float32_reference")
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_trains_with_float32_outputs_and_variables(precision, run_inprocess,
                                                                    run_once, tmp_path):

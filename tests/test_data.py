@@ -21,7 +21,8 @@ def _cfg(data_dir, *extra):
 def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
     monkeypatch.setattr(data_lib, "_unreachable_host", lambda builder: None)
     with tfds.testing.mock_data(num_examples=300):
-        d = data_lib.load(compose([]).dataset, num_replicas=2, seed=1, steps_per_epoch=None)
+        d = data_lib.load(compose(["dataset.validation=null"]).dataset, num_replicas=2, seed=1,
+                          steps_per_epoch=None)
         assert d.global_batch_size == 128 and d.steps_per_epoch == 3  # ceil(300 / 128)
         batches = list(d.train_epochs(0, 1))
     assert [int(b[0].shape[0]) for b in batches] == [128, 128, 44]
@@ -32,7 +33,8 @@ def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
 
 
 def test_real_prepared_dir_and_global_batch(tiny_data_dir):
-    d = data_lib.load(_cfg(tiny_data_dir), num_replicas=2, seed=0, steps_per_epoch=None)
+    d = data_lib.load(_cfg(tiny_data_dir, "dataset.validation=null"), num_replicas=2, seed=0,
+                      steps_per_epoch=None)
     assert (d.num_train, d.num_test, d.outputs) == (TINY_TRAIN, TINY_TEST, 10)
     assert d.global_batch_size == 128 and d.steps_per_epoch == 4
     assert sum(int(b[0].shape[0]) for b in d.test) == TINY_TEST

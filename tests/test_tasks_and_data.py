@@ -48,11 +48,11 @@ def test_regression_history_columns_and_objective(run_inprocess, tmp_path):
 def test_an_objective_the_task_does_not_report_is_refused(run_inprocess, tmp_path, caplog):
     out = tmp_path / "bad"
     with pytest.raises(SystemExit):  # a built-in task's results are known: refused at validation
-        run_inprocess(*REGRESSION, "loop=custom", "strategy=default", "objective=test_accuracy",
+        run_inprocess(*REGRESSION, "loop=custom", "strategy=default", "objective=val_accuracy",
                       out=out)
     error = " ".join(r.getMessage() for r in caplog.records if r.levelname == "ERROR")
-    assert "objective=test_accuracy is not a result of task 'regression'" in error
-    assert "test_loss, test_mae, test_rmse" in error
+    assert "objective=val_accuracy is not a result of task 'regression'" in error
+    assert "val_loss, val_mae, val_rmse" in error
 
 
 @pytest.mark.slow
@@ -149,8 +149,10 @@ def _epoch(d, epoch: int) -> np.ndarray:
 
 
 def test_augmentation_is_seeded_per_epoch_and_train_only(tiny_data_dir):
-    plain = _load(tiny_data_dir, "dataset.name=cifar10", "dataset.shuffle_buffer=0")
+    plain = _load(tiny_data_dir, "dataset.name=cifar10", "dataset.shuffle_buffer=0",
+                  "dataset.validation=null")
     augmented = _load(tiny_data_dir, "dataset.name=cifar10", "dataset.shuffle_buffer=0",
+                      "dataset.validation=null",
                       "dataset.augment.flip=horizontal", "dataset.augment.crop_padding=4")
     e0, e0_again, e1 = _epoch(augmented, 0), _epoch(augmented, 0), _epoch(augmented, 1)
     assert np.array_equal(e0, e0_again)  # a function of (seed, epoch, place) only

@@ -77,10 +77,16 @@ def validate(cfg: DictConfig) -> None:
                           "neither")
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+    validation = cfg.dataset.validation
+    if validation is not None and str(validation).strip() == cfg.dataset.test_split:
+        raise ConfigError(f"dataset.validation={validation!r} is the test split, which only "
+                          "reports and never chooses: use auto, a fraction of the train split "
+                          "(0.1), another split, or null (with trainer.test_every=1 for a "
+                          "per-epoch test pass)")
     metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
     if metrics is not None:
-        check_watched(cfg.trainer, list(metrics))
-        check_objective(cfg.objective, cfg.task.name, list(metrics))
+        check_watched(cfg.trainer, list(metrics), validation is not None)
+        check_objective(cfg.objective, cfg.task.name, list(metrics), validation is not None)
 
 
 def _check_int_range(cfg: DictConfig) -> None:

@@ -43,6 +43,21 @@ POSITIVE: Rule = (lambda v: v > 0, "must be > 0")
 NON_NEGATIVE: Rule = (lambda v: v >= 0, "must be >= 0")
 ENTRIES_POSITIVE: Rule = (lambda v: all(x > 0 for x in v), "entries must be > 0")
 FRACTION: Rule = (lambda v: 0 <= v < 1, "must be in [0, 1)")
+
+
+def held_out_fraction(validation: str | None) -> float | None:
+    """`dataset.validation` as a fraction of train held out, or None (not a number)."""
+    try:
+        return float(validation)
+    except (TypeError, ValueError):
+        return None
+
+
+VALIDATION: Rule = (
+    lambda v: (held_out_fraction(v) is None and bool(v.strip()))
+    or 0 < (held_out_fraction(v) or 0) < 1,
+    "must be auto, a fraction of the train split in (0, 1) such as 0.1, a tfds split or slice "
+    "(validation, 'train[90%:]'), or null for none")
 MODE = one_of("auto", "max", "min")  # which way a watched metric improves; auto: by its name
 METRIC: Rule = (lambda v: bool(v.strip()), "must name a history.csv column (e.g. val_loss), "
                 "or be null to turn it off")
@@ -105,6 +120,12 @@ class DatasetConfig:
     name: str = MISSING  # a tfds name, a registered dataset builder, or package.module:fn
     train_split: str = "train"
     test_split: str = "test"
+    # the split that chooses (val_* figures, early stopping, checkpoints/best, targets, the
+    # default objective): auto (the dataset's own validation split, else 0.1 of train_split),
+    # a fraction of train_split held out (seeded; stratified for classes), a tfds split or
+    # slice (validation, train[90%:]), or null (none)
+    validation: str | None = checked("auto", VALIDATION)
+    validation_seed: int = checked(0, (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"))
     batch_size_per_replica: int = checked(64, POSITIVE)
     shuffle_buffer: int = checked(10000, NON_NEGATIVE)
     cache: bool = True  # keep the preprocessed splits in memory after the first pass
@@ -306,14 +327,18 @@ class BestCheckpointConfig:
 
     metric: str | None = checked(None, METRIC)  # null: early_stopping.metric if set, else none
     mode: str = checked("auto", MODE)
+    test: bool = False  # also score checkpoints/best on the test split (best_test_* fields)
 
 
 @dataclass
 class TrainerConfig:
     epochs: int = checked(12, POSITIVE)
     steps_per_epoch: int | None = checked(None, POSITIVE)  # null: one pass over the train split
-    # epochs between test-split passes during training; 0: only the final evaluation
+    # epochs between validation passes (val_* columns); 0: none during training
     validate_every: int = checked(1, NON_NEGATIVE)
+    # epochs between test-split passes during training (test_* columns, never used to
+    # choose: a tutorial's per-epoch test pass); 0: the test split is scored once, at the end
+    test_every: int = checked(0, NON_NEGATIVE)
     checkpoint_every: int = checked(1, POSITIVE)  # epochs between checkpoints/ckpt-N
     max_checkpoints: int = checked(3, POSITIVE)
     export: bool = True  # SavedModel in saved_model/, reloaded and checked
@@ -331,9 +356,10 @@ class TrainerConfig:
 
 # the numeric results.json fields `objective` may name for sweepers: launch.results.OBJECTIVES
 OBJECTIVE: Rule = (
-    lambda v: v in OBJECTIVES or v.startswith("test_"),
-    "must name a numeric results.json field: test_loss, test_<metric of the task> (e.g. "
-    "test_accuracy, test_rmse), " + ", ".join(o for o in OBJECTIVES if o[:5] != "test_"))
+    lambda v: v in OBJECTIVES or v.startswith("val_"),
+    "must name a numeric results.json field: val_loss, val_<metric of the task> (e.g. "
+    "val_accuracy, val_rmse), " + ", ".join(o for o in OBJECTIVES if o[:4] != "val_")
+    + ". A sweep never chooses on the test split, so test_* fields are not objectives")
 
 
 @dataclass
@@ -356,8 +382,8 @@ class Config:
     mode: str = checked("train", (lambda v: v in ("train", "evaluate"),
                                   "must be train or evaluate"))
     ckpt_path: str | None = None  # mode=evaluate: a run directory or checkpoint prefix
-    # the results.json field returned to sweepers; null: the task's first metric
-    # (test_accuracy for classification, test_mae for regression)
+    # the results.json field returned to sweepers; null: the task's first validation metric
+    # (val_accuracy for classification, val_mae for regression); never a test_ field
     objective: str | None = checked(None, OBJECTIVE)
 
 

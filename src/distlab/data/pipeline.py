@@ -1,6 +1,9 @@
 """Input pipelines (tfds, or a user's dataset builder), batched by the global batch.
 
-The train stream is built per epoch: epoch e is shuffled, and augmented, with seeds
+Three splits, never mixed: train (fitted), validation (what chooses: `dataset.validation`,
+a tfds split or slice, a seeded fraction held out of train, stratified for classes, or a
+user's `DataSplits.validation`) and test (reported only). The train stream is built per
+epoch: epoch e is shuffled, and augmented, with seeds
 derived from (seed, e) and the example's place in the epoch only, so the data of an
 epoch never depends on how many epochs this process has already run (resume gives the
 same batches as an uninterrupted run). Inference-time preprocessing (`dataset.preprocess`)
@@ -10,6 +13,7 @@ is applied before caching and travels with the exported model; augmentation
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -26,7 +30,7 @@ import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import cache as data_cache
-from distlab.errors import DistlabError, described
+from distlab.errors import DistlabError, described, first_line
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -42,6 +46,9 @@ class Data:
     test: tf.data.Dataset  # batched by the global batch, cached, prefetched
     num_train: int
     num_test: int
+    validation: tf.data.Dataset | None  # as `test`; None: no validation split
+    num_validation: int
+    validation_from: str | None  # where the validation split comes from (results.json)
     input_shape: tuple[int, ...]
     outputs: int  # classes (classification) or values per example (regression)
     classes: bool  # whether labels are classes (tfds ClassLabel, or num_classes given)
@@ -85,10 +92,10 @@ class Data:
                 ds = ds.enumerate().map(
                     lambda i, xy: (augment(xy[0], tf.stack([key, i])), xy[1]),
                     num_parallel_calls=AUTOTUNE)
+            if not full_pass:  # passes back to back, batched across their boundary: every
+                ds = ds.repeat()  # batch is full (steps_per_epoch beyond one pass included)
             ds = ds.batch(gb)
-            if not full_pass:
-                ds = ds.repeat().take(steps)
-            return ds
+            return ds if full_pass else ds.take(steps)
 
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
         if skip_steps:
@@ -236,30 +243,43 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
     user = is_user_dataset(cfg.name)
     splits = _user_splits(cfg) if user else _tfds_splits(cfg)
-    raw_train, raw_test, num_train = splits.train, splits.test, splits.num_train
+    raw_train, raw_test = splits.train, splits.test
     source = dict(splits.source) if splits.source is not None else None
     raw_input = raw_train.element_spec[0]
     preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
 
-    train = raw_train.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
-    test = raw_test.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
+    named = {cfg.train_split: raw_train, cfg.test_split: raw_test}
+    if splits.validation is not None:
+        named[splits.validation_from] = splits.validation
+    ready = {split: ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
+             for split, ds in named.items()}
     if cfg.disk_cache and source is not None:  # tfds only: a user's data has no version
         disk = data_cache.DiskCache(data_cache.cache_root(cfg.cache_dir))  # one per run
         files = data_cache.files_signature(source.pop("data_dir"))  # only when caching
         inputs = {**source, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
-        train, test = (disk.cached(ds, data_cache.entry_name(
-            f"{cfg.name}-{split}", {**inputs, "split": split}))
-            for ds, split in ((train, cfg.train_split), (test, cfg.test_split)))
+        ready = {split: disk.cached(ds, data_cache.entry_name(
+            f"{cfg.name}-{split}", {**inputs, "split": split})) for split, ds in ready.items()}
+    train, test = ready[cfg.train_split], ready[cfg.test_split]
+    validation = ready.get(splits.validation_from)
+    num_train, num_validation = splits.num_train, splits.num_validation
+    if splits.held_out is not None:  # after the disk cache: its entry is the whole split
+        train, validation = hold_out(train, splits.held_out)
+        num_validation = int(splits.held_out.sum())
+        num_train -= num_validation
     if cfg.cache:
         train, test = train.cache(), test.cache()
+        validation = validation.cache() if validation is not None else None
     steps = steps_per_epoch or math.ceil(num_train / gb)
     return Data(
         name=cfg.name,
         train=train,
-        test=_no_autotune(test.batch(gb).prefetch(AUTOTUNE)),
+        test=_batched(test, gb),
         num_train=num_train,
         num_test=splits.num_test,
+        validation=_batched(validation, gb) if validation is not None else None,
+        num_validation=num_validation,
+        validation_from=splits.validation_from,
         input_shape=tuple(train.element_spec[0].shape),
         outputs=splits.outputs,
         classes=splits.classes,
@@ -285,6 +305,61 @@ class RawSplits:
     outputs: int  # classes (classification) or output values
     classes: bool  # whether the labels are class indices
     source: dict | None  # tfds: what the data depends on, for the disk cache's key
+    validation: tf.data.Dataset | None = None  # a validation split of its own
+    num_validation: int = 0
+    held_out: np.ndarray | None = None  # or: train's rows held out for validation (a mask)
+    validation_from: str | None = None  # results.json's `validation`
+
+
+AUTO_FRACTION = 0.1  # dataset.validation=auto without a validation split of the dataset's own
+
+
+def _batched(ds: tf.data.Dataset, global_batch: int) -> tf.data.Dataset:
+    return _no_autotune(ds.batch(global_batch).prefetch(AUTOTUNE))
+
+
+def held_out_rows(labels: np.ndarray | None, n: int, fraction: float, seed: int,
+                  key: str = "dataset.validation") -> np.ndarray:
+    """A mask of the `fraction` of `n` rows held out for validation: seeded, and stratified
+    when `labels` (class indices) are given (that fraction of each class, rounded)."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(n, dtype=bool)
+    groups = [np.arange(n)] if labels is None else [np.flatnonzero(labels == c)
+                                                     for c in np.unique(labels)]
+    for rows in groups:
+        mask[rng.permutation(rows)[:round(fraction * len(rows))]] = True
+    if not mask.any() or mask.all():
+        raise DistlabError(f"{key}={fraction} holds out {int(mask.sum())} of the train split's "
+                           f"{n} examples: choose a fraction that leaves both splits non-empty")
+    return mask
+
+
+def hold_out(ds: tf.data.Dataset, mask: np.ndarray) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """(the rows of `ds` not in `mask`, the rows in it), each in `ds`'s order."""
+    held = tf.constant(mask)
+
+    def rows(keep: bool) -> tf.data.Dataset:
+        picked = ds.enumerate().filter(lambda i, example: tf.equal(held[i], keep))
+        return picked.map(lambda i, example: example)
+
+    return rows(False), rows(True)
+
+
+def validation_choice(value: str | None) -> str | float | None:
+    """`dataset.validation` as None (none), a fraction held out, "auto", or a split name."""
+    from distlab.config.schema import held_out_fraction
+
+    if value is None:
+        return None
+    fraction = held_out_fraction(value)
+    return fraction if fraction is not None else str(value).strip()
+
+
+def _labels(ds: tf.data.Dataset) -> np.ndarray:
+    """Every label of an (input, label) dataset, in order."""
+    batches = ds.map(lambda x, y: y).batch(8192)
+    return np.concatenate([np.asarray(b) for b in batches.as_numpy_iterator()] or
+                          [np.zeros([0], np.int64)])
 
 
 def is_user_dataset(name: str) -> bool:
@@ -314,28 +389,77 @@ def _tfds_splits(cfg: DictConfig) -> RawSplits:
         if key not in info.features:
             raise DistlabError(f"dataset.features.{role}={key!r} is not a feature of "
                                f"{cfg.name}; its features: {available}")
+    choice = validation_choice(cfg.validation)
+    if choice == "auto":
+        choice = "validation" if "validation" in info.splits else AUTO_FRACTION
+    names = [cfg.train_split, cfg.test_split, *([choice] if isinstance(choice, str) else [])]
     try:
-        train, test = builder.as_dataset(split=[cfg.train_split, cfg.test_split],
-                                         shuffle_files=False)
+        datasets = builder.as_dataset(split=names, shuffle_files=False)
     except (ValueError, KeyError) as e:
         raise DistlabError(
-            f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r} "
-            f"not available for {cfg.name}: {e}"
-        ) from None
-    num_train = _num_examples(info, cfg.train_split, train)
-    num_test = _num_examples(info, cfg.test_split, test)
+            f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r}"
+            + (f" / dataset.validation={choice!r}" if isinstance(choice, str) else "")
+            + f" not available for {cfg.name}: {first_line(e)}") from None
+    if isinstance(choice, str):
+        _check_disjoint(info.splits, choice, cfg.train_split, cfg.test_split)
     x, y = keys
-    train, test = (ds.map(lambda ex: (ex[x], ex[y]), num_parallel_calls=AUTOTUNE)
-                   for ds in (train, test))
+    sizes = [_num_examples(info, name, ds) for name, ds in zip(names, datasets, strict=True)]
+    train, test, *validation = (ds.map(lambda ex: (ex[x], ex[y]), num_parallel_calls=AUTOTUNE)
+                                for ds in datasets)
     label = info.features[y]
-    if isinstance(label, tfds.features.ClassLabel):
-        outputs = int(label.num_classes)
-    else:
-        outputs = max(1, math.prod(label.shape or ()))
+    classes = isinstance(label, tfds.features.ClassLabel)
+    outputs = int(label.num_classes) if classes else max(1, math.prod(label.shape or ()))
     source = {"dataset": cfg.name, "version": str(info.version), "features": [x, y],
               "data_dir": builder.data_dir}
-    return RawSplits(train, test, num_train, num_test, outputs,
-                     isinstance(label, tfds.features.ClassLabel), source)
+    raw = RawSplits(train, test, sizes[0], sizes[1], outputs, classes, source)
+    if isinstance(choice, str):
+        return dataclasses.replace(raw, validation=validation[0], num_validation=sizes[2],
+                                   validation_from=choice)
+    if choice is None:
+        return raw
+    labels = _tfds_labels(builder, cfg.train_split, x, y) if classes else None
+    return dataclasses.replace(
+        raw, held_out=held_out_rows(labels, sizes[0], choice, cfg.validation_seed),
+        validation_from=_held_out_name(choice, cfg.train_split, classes, cfg.validation_seed))
+
+
+def _held_out_name(fraction: float, train_split: str, classes: bool, seed: int) -> str:
+    return (f"{fraction:g} of {train_split}, held out ({'stratified, ' if classes else ''}"
+            f"dataset.validation_seed={seed})")
+
+
+def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str, y: str) -> np.ndarray:
+    """The labels of a tfds split, in order, without decoding its inputs where tfds can."""
+    try:
+        ds = builder.as_dataset(split=split, shuffle_files=False,
+                                decoders={x: tfds.decode.SkipDecoding()})
+    except (ValueError, TypeError, KeyError):
+        ds = builder.as_dataset(split=split, shuffle_files=False)
+    return _labels(ds.map(lambda ex: (0, ex[y])))
+
+
+def _check_disjoint(split_infos: Any, validation: str, train: str, test: str) -> None:
+    """Refuse a validation split that shares examples with the train or test split."""
+    def rows(spec: str) -> list[tuple[str, int, int]]:
+        out = []
+        for a in tfds.core.ReadInstruction.from_spec(spec).to_absolute(split_infos):
+            n = split_infos[a.splitname].num_examples
+            out.append((a.splitname, a.from_ or 0, n if a.to is None else a.to))
+        return out
+
+    try:
+        mine = rows(validation)
+        others = {"train_split": (train, rows(train)), "test_split": (test, rows(test))}
+    except (ValueError, KeyError, AttributeError, TypeError):
+        return  # a spec tfds reads but this cannot: nothing to compare
+    for key, (spec, theirs) in others.items():
+        if any(a == b and max(f1, f2) < min(t1, t2)
+               for a, f1, t1 in mine for b, f2, t2 in theirs):
+            raise DistlabError(
+                f"dataset.validation={validation!r} shares examples with dataset.{key}={spec!r}"
+                ": give them disjoint slices (e.g. dataset.train_split='train[:90%]' "
+                "dataset.validation='train[90%:]'), or hold out a fraction of the train split "
+                "(dataset.validation=0.1)")
 
 
 def _user_splits(cfg: DictConfig) -> RawSplits:
@@ -363,8 +487,26 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
         outputs = int(splits.num_classes)
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
-    return RawSplits(train, test, _count(train), _count(test), outputs,
-                     splits.num_classes is not None, None)
+    classes = splits.num_classes is not None
+    raw = RawSplits(train, test, _count(train), _count(test), outputs, classes, None)
+    choice = validation_choice(cfg.validation)
+    if choice == "auto":
+        choice = "given" if splits.validation is not None else AUTO_FRACTION
+    if choice is None:
+        return raw
+    if isinstance(choice, float):
+        return dataclasses.replace(
+            raw, held_out=held_out_rows(_labels(train) if classes else None, raw.num_train,
+                                        choice, cfg.validation_seed),
+            validation_from=_held_out_name(choice, "train", classes, cfg.validation_seed))
+    if choice != "given" or splits.validation is None:
+        raise DistlabError(
+            f"dataset.validation={choice!r} names a split, but {key} is a dataset builder: "
+            "return DataSplits(..., validation=...) and set dataset.validation=auto, or hold "
+            "out a fraction of its train split (dataset.validation=0.1)")
+    validation = _as_dataset(splits.validation, key, "validation")
+    return dataclasses.replace(raw, validation=validation, num_validation=_count(validation),
+                               validation_from="DataSplits.validation")
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:

@@ -61,12 +61,22 @@ FIELDS: tuple[Field, ...] = (
     Field("epochs_completed", "epochs trained so far (an evaluation: the checkpoint's)", "done",
           objective=True, trained=True),
     Field("objective", "the field a sweeper gets: `objective=`, else the task's first "
-          "test metric", "done"),
+          "validation metric (never a test_ field)", "done"),
     Field("objective_direction", "maximize or minimize: how the objective ranks", "done"),
-    Field("test_loss", "mean per-example loss over the test split's real examples",
-          "completed", objective=True),
+    Field("validation", "where the validation figures come from: a tfds split or slice, "
+          "`<fraction> of <train split>` held out, `DataSplits.validation`, or null (none)",
+          "done"),
+    Field("num_validation", "examples in the validation split (null: none)", "done"),
+    Field("val_loss", "the final model's mean per-example loss over the validation split "
+          "(null: no validation split)", "completed", objective=True),
+    Field("val_<metric>", "each task metric over the validation split (val_accuracy; val_mae, "
+          "val_rmse)", "completed", objective=True),
+    Field("test_loss", "the final model's mean per-example loss over the test split's real "
+          "examples: reported, never used to choose", "completed"),
     Field("test_<metric>", "each task metric over the test split (test_accuracy; test_mae, "
-          "test_rmse)", "completed", objective=True),
+          "test_rmse)", "completed"),
+    Field("best_test_<figure>", "trainer.best_checkpoint.test: checkpoints/best's test_loss "
+          "and test metrics", "optional"),
     Field("train_examples_per_sec", "steady-state training throughput, warm-up left out "
           "(null in an evaluation)", "completed", objective=True),
     Field("train_examples_per_sec_std", "its spread across epochs or step windows"),
@@ -108,8 +118,8 @@ COMPLETED = tuple(f.name for f in FIELDS if f.when in ("every", "done", "complet
 
 
 def is_field(name: str) -> bool:
-    """Whether `name` is a results.json field (`test_<metric>`: any test_ name)."""
-    return name in BY_NAME or name.startswith("test_")
+    """Whether `name` is a results.json field (`val_<metric>`, `test_<metric>`: any such name)."""
+    return name in BY_NAME or name.startswith(("val_", "test_", "best_test_"))
 
 
 def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any]:
@@ -128,13 +138,14 @@ def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any
 
 def objective_value(results: dict[str, Any], objective: str | None) -> float | None:
     """The number a sweeper gets from a job's results."""
-    value = results.get(objective or results.get("objective") or "test_accuracy")
+    field = objective or results.get("objective")
+    value = results.get(field) if field else None
     return float(value) if value is not None else None
 
 
 def objective_fields(name: str | None, higher: Mapping[str, bool],
                      best_maximizes: bool | None = None) -> dict[str, str]:
-    """results.json's `objective` (`name`, else the task's first metric) and
+    """results.json's `objective` (`name`, else the task's first validation metric) and
     `objective_direction` (`maximizes`: task metrics their own way, times and epochs to
     target down, `best_value` as its metric). `higher`: metric name -> higher_is_better."""
     field = objective_field(name, list(higher))
@@ -159,19 +170,26 @@ def builtin_task_metrics(task: DictConfig) -> dict[str, bool] | None:
     return None
 
 
+SPLIT_PREFIXES = ("val_", "best_test_", "test_")
+
+
 def metric_direction(metric: str, mode: str, higher: Mapping[str, bool]) -> str:
-    """"max" or "min" for a history column (`val_` prefix allowed): `mode` unless auto;
+    """"max" or "min" for a figure (`val_`, `test_` prefixes allowed): `mode` unless auto;
     then losses go down and task metrics (`higher`: name -> higher_is_better) their way."""
     if mode != "auto":
         return mode
-    base = metric.removeprefix("val_")
+    base = metric
+    for prefix in SPLIT_PREFIXES:
+        base = base.removeprefix(prefix)
     return "max" if higher.get(base, base != "loss") else "min"
 
 
 def maximizes(field: str, higher: Mapping[str, bool], best_maximizes: bool | None) -> bool:
     """Whether a larger value of results.json's `field` is better."""
-    if field.startswith("test_") and (field[5:] in higher or field == "test_loss"):
-        return metric_direction(field[5:], "auto", higher) == "max"
+    for prefix in SPLIT_PREFIXES:
+        base = field.removeprefix(prefix)
+        if base != field and (base in higher or base == "loss"):
+            return metric_direction(base, "auto", higher) == "max"
     if field == "best_value" and best_maximizes is not None:
         return best_maximizes
     if field == "epochs_to_target":
@@ -180,8 +198,9 @@ def maximizes(field: str, higher: Mapping[str, bool], best_maximizes: bool | Non
 
 
 def objective_field(name: str | None, metric_names: list[str]) -> str:
-    """The field sweepers get: `objective`, else the task's first metric, else test_loss."""
-    return name or (f"test_{metric_names[0]}" if metric_names else "test_loss")
+    """The field sweepers get: `objective`, else the task's first validation metric, else
+    val_loss (never a test_ field: the test split only reports)."""
+    return name or (f"val_{metric_names[0]}" if metric_names else "val_loss")
 
 
 def best_metric(trainer: DictConfig) -> tuple[str | None, str]:
@@ -214,33 +233,49 @@ def task_metrics(cfg: DictConfig) -> dict[str, bool]:
     return {m.name: m.higher_is_better for m in tasks.build(cfg.task).metrics}
 
 
-def check_objective(objective: str | None, task: str, metric_names: list[str]) -> None:
-    """Refuse, in one line, a `test_` objective that this task does not report."""
-    fields = ["test_loss", *(f"test_{m}" for m in metric_names)]
-    if objective and objective.startswith("test_") and objective not in fields:
+def check_objective(objective: str | None, task: str, metric_names: list[str],
+                    validation: bool = True) -> None:
+    """Refuse, in one line, a `val_` objective that this task does not report, or any
+    objective that needs a validation split when there is none."""
+    fields = ["val_loss", *(f"val_{m}" for m in metric_names)]
+    if objective and objective.startswith("val_") and objective not in fields:
         raise ConfigError(f"objective={objective} is not a result of task {task!r}; its "
-                          f"results: {', '.join(fields)}")
+                          f"validation results: {', '.join(fields)}")
+    field = objective_field(objective, metric_names)
+    if field.startswith("val_") and not validation and objective is not None:
+        raise ConfigError(f"objective={field} needs a validation split, and "
+                          "dataset.validation=null: set dataset.validation=auto (or 0.1, or a "
+                          "split), or another objective")
 
 
 WATCHED = ("target", "early_stopping", "best_checkpoint")
 
 
-def check_watched(trainer: DictConfig, metric_names: list[str]) -> None:
-    """Refuse, in one line, a monitor metric that no epoch of this run would measure."""
-    from distlab.launch.run_dir import history_columns
+def check_watched(trainer: DictConfig, metric_names: list[str],
+                  validation: bool = True) -> None:
+    """Refuse, in one line, a monitor metric that no epoch of this run would measure, or
+    one on the test split (which never chooses)."""
+    from distlab.launch.run_dir import figure_columns
 
-    figures = [c for c in history_columns(metric_names)
-               if c not in ("epoch", "learning_rate", "seconds", "examples_per_sec")]
+    figures = figure_columns(metric_names)
     for key in WATCHED:
         metric = OmegaConf.select(trainer, f"{key}.metric", default=None)
         if metric is None:
             continue
         where = f"trainer.{key}.metric"
+        if metric.startswith("test_"):
+            raise ConfigError(f"{where}={metric} would choose on the test split, which only "
+                              f"reports: watch val_{metric[5:]} (a validation split: "
+                              "dataset.validation)")
         if metric not in figures:
             raise ConfigError(f"{where}={metric!r} is not a per-epoch metric of this task; use "
                               f"one of {', '.join(figures)}")
         if not metric.startswith("val_"):
             continue
+        if not validation:
+            raise ConfigError(f"{where}={metric} needs a validation split, and "
+                              "dataset.validation=null: set dataset.validation=auto (or 0.1, "
+                              "or a split), or watch a train metric")
         every = trainer.validate_every
         if not every:
             raise ConfigError(f"{where}={metric} is measured only on epochs that validate, and "

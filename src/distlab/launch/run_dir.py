@@ -25,14 +25,17 @@ HISTORY_COLUMNS = ["epoch", "learning_rate", "loss", "accuracy", "val_loss", "va
                    "seconds", "examples_per_sec"]  # a classification task's history.csv
 
 
-def figure_columns(metrics: list[str]) -> list[str]:
-    """history.csv's figures for a task with these metric names: training, then validation."""
-    return ["loss", *metrics, "val_loss", *(f"val_{m}" for m in metrics)]
+def figure_columns(metrics: list[str], test: bool = False) -> list[str]:
+    """history.csv's figures for a task with these metric names: training, validation and,
+    with `test` (trainer.test_every > 0), the per-epoch test pass."""
+    splits = ["", "val_", *(["test_"] if test else [])]
+    return [f"{split}{m}" for split in splits for m in ("loss", *metrics)]
 
 
-def history_columns(metrics: list[str]) -> list[str]:
+def history_columns(metrics: list[str], test: bool = False) -> list[str]:
     """history.csv's columns for a task with these metric names."""
-    return ["epoch", "learning_rate", *figure_columns(metrics), "seconds", "examples_per_sec"]
+    return ["epoch", "learning_rate", *figure_columns(metrics, test), "seconds",
+            "examples_per_sec"]
 
 
 

@@ -44,27 +44,34 @@ THROUGHPUT = ["train_examples_per_sec", "train_examples_per_sec_std",
               "train_examples_per_sec_per_replica", "scaling_efficiency"]
 TARGET = ["time_to_target_s", "epochs_to_target"]
 TRAILING = [*THROUGHPUT, *TARGET, "wall_time_s", "error"]
-CLASSIFICATION = ["test_accuracy", "test_loss"]  # the test fields when no job reported any
+# the figure fields when no job reported any
+CLASSIFICATION = ["val_accuracy", "val_loss", "test_accuracy", "test_loss"]
 
 
-def test_fields(jobs: Sequence[Job]) -> list[str]:
-    """The task's test_* results.json fields (test_accuracy, test_loss for classification;
-    test_loss, test_mae, test_rmse for regression...), the primary metric first."""
-    found = list(dict.fromkeys(k for j in jobs for k in j.results if k.startswith("test_")))
+def figure_fields(jobs: Sequence[Job]) -> list[str]:
+    """The task's val_* then test_* results.json fields (val_accuracy, val_loss, test_accuracy,
+    test_loss for classification...), each split's primary metric first; val_* is what a
+    sweep chooses on, test_* only reports."""
+    found = list(dict.fromkeys(k for j in jobs for k in j.results
+                               if k.startswith(("val_", "test_"))))
     if not found:
         return CLASSIFICATION
-    return [k for k in found if k != "test_loss"] + (["test_loss"] if "test_loss" in found
-                                                      else [])
+    out = []
+    for split in ("val_", "test_"):
+        mine = [k for k in found if k.startswith(split)]
+        out += [k for k in mine if k != f"{split}loss"] + [k for k in mine
+                                                           if k == f"{split}loss"]
+    return out
 
 
 def columns(jobs: Sequence[Job]) -> list[str]:
-    return LEADING + test_fields(jobs) + TRAILING
+    return LEADING + figure_fields(jobs) + TRAILING
 
 
 def metrics(jobs: Sequence[Job]) -> list[str]:
-    """Numeric per-job figures: the task's test fields, throughput, time to target (when a
-    job has one) and wall time."""
-    return (test_fields(jobs) + ["train_examples_per_sec"]
+    """Numeric per-job figures: the task's validation and test fields, throughput, time to
+    target (when a job has one) and wall time."""
+    return (figure_fields(jobs) + ["train_examples_per_sec"]
             + ["time_to_target_s"] * has_target(jobs) + ["wall_time_s"])
 
 
@@ -229,7 +236,7 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
         lines.append("Common overrides: " + " ".join(f"`{o}`" for o in common))
     lines.append("examples/sec is the steady state (each process's warm-up left out; "
                  "trainer.throughput), ± its standard deviation across epochs or step windows.")
-    fields = test_fields(jobs)
+    fields = figure_fields(jobs)
     efficiency = scaling_efficiency(jobs, swept)
     target = has_target(jobs)
     headers = ["job", "overrides", "status", "batch/replica", "global batch",
@@ -277,10 +284,10 @@ def _finite(value: Any) -> bool:
 
 def plot(path: Path, jobs: Sequence[Job], swept: Sequence[str], objective: str = "") -> None:
     """summary.png: one row per swept key (or the job number), the objective (else the task's
-    primary test metric), steady examples/sec with error bars (its spread) and, when jobs
+    primary validation metric), steady examples/sec with error bars (its spread) and, when jobs
     have a target, time to target against it. Uses matplotlib's object API (no pyplot, no
     GUI backend)."""
-    score = objective or test_fields(jobs)[0]
+    score = objective or figure_fields(jobs)[0]
     plotted = [(score, score.replace("_", " ")),
                ("train_examples_per_sec", "examples/sec (steady, ± std)")]
     if has_target(jobs):
@@ -350,7 +357,7 @@ def write_hparams(sweep_dir: Path, jobs: Sequence[Job], swept: Sequence[str]) ->
     sessions = [(job, hparams_of(job)) for job in jobs]
     names = list(dict.fromkeys(k for _, values in sessions for k in values))
     fields = metrics(jobs)
-    primary = test_fields(jobs)[0][len("test_"):]
+    primary = figure_fields(jobs)[0].split("_", 1)[1]
     shown = [hp.Metric(m) for m in fields]
     shown += [hp.Metric(f"epoch_{primary}", group="validation",
                         display_name=f"validation {primary} (per epoch)"),
@@ -429,7 +436,7 @@ class SweepSummary(Callback):
         swept = swept_keys(jobs)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         objective = objective or next((str(j.results["objective"]) for j in jobs
-                                       if j.results.get("objective")), test_fields(jobs)[0])
+                                       if j.results.get("objective")), figure_fields(jobs)[0])
         write_csv(sweep_dir / "summary.csv", rows(jobs, swept), columns(jobs) + swept)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
                                                        maximize))

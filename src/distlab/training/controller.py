@@ -2,7 +2,8 @@
 
 For each epoch it asks the loop for blocks of `loop.steps_per_call` steps and, at every
 step boundary, times them, guards against a non-finite loss, runs the profiler and stops
-at a signal or preemption with a checkpoint; at every epoch end it measures validation,
+at a signal or preemption with a checkpoint; at every epoch end it measures validation (and,
+with trainer.test_every, the test split, reported only),
 records the row (history.csv, TensorBoard, the summary line), updates the monitors (target,
 early stopping, best checkpoint) and saves checkpoints on their cadence. A loop that runs
 its own epochs (`keras_fit`, through `model.fit`) calls the same `epoch_begin`,
@@ -40,7 +41,8 @@ class Controller:
         self.exp, self.loop, self.checkpoints = exp, loop, checkpoints
         self.stop = StopRequest()  # set by a signal (distlab.distribute.preemption)
         self.preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
-        self.history = History(exp.run_dir, exp.task.metric_names, exp.cfg.trainer.epochs)
+        self.history = History(exp.run_dir, exp.task.metric_names, exp.cfg.trainer.epochs,
+                               test=bool(exp.cfg.trainer.test_every))
         self.epochs: list[dict[str, Any]] = []  # the rows this process recorded
         self.intervals: list[Interval] = []  # timed training steps, for steady_state
         self.first_step_at: float | None = None
@@ -131,8 +133,10 @@ class Controller:
         checkpoints. True when training must end now (target with stop, early stopping)."""
         exp, train_end = self.exp, time.time()
         figures = self.loop.means(self.running_sums())  # the whole epoch's, resumed or not
-        if self._validates(epoch):
+        if self._every(epoch, "validate_every") and exp.data.validation is not None:
             figures.update({f"val_{k}": v for k, v in self.loop.evaluate("validation").items()})
+        if self._every(epoch, "test_every"):  # reported (a tutorial's pass), never watched
+            figures.update({f"test_{k}": v for k, v in self.loop.evaluate("test").items()})
         steps_run = self._mark[1] - self._first  # fewer than steps_per_epoch after a resume
         examples = exp.data.examples_per_epoch * steps_run / exp.data.steps_per_epoch
         train_seconds = train_end - self._start
@@ -155,8 +159,9 @@ class Controller:
             ckpt.save(epoch + 1, 0)
         return self.finished
 
-    def _validates(self, epoch: int) -> bool:
-        every = self.exp.cfg.trainer.validate_every
+    def _every(self, epoch: int, key: str) -> bool:
+        """Whether epoch `epoch` (0-based) is one of every trainer.<key> epochs."""
+        every = self.exp.cfg.trainer[key]
         return bool(every) and (epoch + 1) % every == 0
 
     def _examples(self, steps: int) -> float:

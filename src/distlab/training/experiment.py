@@ -53,7 +53,8 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
                          cfg.trainer.steps_per_epoch)
     task = tasks.build(cfg.task)
     tasks.check_labels(task, cfg.task.name, data.name, data.classes)
-    check_objective(cfg.objective, cfg.task.name, task.metric_names)  # a user task's: now
+    check_objective(cfg.objective, cfg.task.name, task.metric_names,  # a user task's: now
+                    data.validation is not None)
     lr = learning_rate(cfg, effective_batch_size(cfg, data.global_batch_size))
     with strategy.scope():
         model = models.build(cfg.model, data.input_shape, data.outputs)
@@ -69,7 +70,8 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
         optimizer.build(model.trainable_variables)
     tasks.settle(task, model)
     return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
-                      schedule=schedule, task=task, monitors=Monitors(cfg.trainer, task),
+                      schedule=schedule, task=task,
+                      monitors=Monitors(cfg.trainer, task, data.validation is not None),
                       run_dir=run_dir, worker=worker, started=started, origin=origin)
 
 

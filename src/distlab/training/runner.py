@@ -156,6 +156,8 @@ def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, 
         "precision": _policy(exp.model, cfg.precision),
         "learning_rate": learning_rate(cfg, batch),
         "dataset": data.name,
+        "validation": data.validation_from,
+        "num_validation": data.num_validation if data.validation is not None else None,
         "steps_per_epoch": data.steps_per_epoch,
         "epochs_completed": epochs_completed,
         **objective_fields(cfg.objective, {m.name: m.higher_is_better for m in exp.task.metrics},
@@ -198,16 +200,31 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str, A
             raise
         finally:
             controller.close()
-    test = _prefixed("test", loop.evaluate("test"))
-    log.info(_figures(test))
+    figures = _final_figures(loop)
     exported = export_and_check(exp) if exp.cfg.trainer.export else {}
+    monitored = exp.monitors.results(exp.origin, checkpoints.best_latest)
+    if exp.cfg.trainer.best_checkpoint.test and monitored.get("best_checkpoint"):
+        # last: it replaces the final model's weights with the best epoch's
+        checkpoints.restore_model(monitored["best_checkpoint"])
+        monitored.update(_prefixed("best_test", loop.evaluate("test")))
+        log.info("checkpoints/best (epoch %d): %s", monitored["best_epoch"], _figures(
+            {k: v for k, v in monitored.items() if k.startswith("best_test_")}))
     return _results(
-        exp, checkpoints.position[0], **test,
+        exp, checkpoints.position[0], **figures,
         **controller.throughput(),
-        **exp.monitors.results(exp.origin, checkpoints.best_latest),
+        **monitored,
         checkpoint=checkpoints.latest,
         **exported,
     )
+
+
+def _final_figures(loop: Loop) -> dict[str, float | None]:
+    """The model's val_* (None without a validation split) and test_* figures, logged."""
+    validation = loop.evaluate("validation") if loop.exp.data.validation is not None else {
+        k: None for k in ("loss", *loop.exp.task.metric_names)}
+    figures = {**_prefixed("val", validation), **_prefixed("test", loop.evaluate("test"))}
+    log.info(_figures(figures))
+    return figures
 
 
 def _prefixed(prefix: str, figures: dict[str, float]) -> dict[str, float]:
@@ -229,15 +246,14 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str
     prefix = checkpoints.restore_model(exp.cfg.ckpt_path)
     if prefix:
         _warn_if_other_precision(exp, prefix)
-    test = _prefixed("test", loop.evaluate("test"))
-    log.info("restored %s: %s", prefix or "the chief's checkpoint", _figures(test))
-    return _results(exp, checkpoints.position[0], **test, checkpoint=prefix,
+    log.info("restored %s", prefix or "the chief's checkpoint")
+    return _results(exp, checkpoints.position[0], **_final_figures(loop), checkpoint=prefix,
                     train_examples_per_sec=None, learning_rate=None, steps_per_epoch=None,
                     trained=trained_with(prefix) if prefix else None)
 
 
-def _figures(test: dict[str, float]) -> str:
-    return " - ".join(f"{k} {v:.4f}" for k, v in test.items())
+def _figures(figures: dict[str, float | None]) -> str:
+    return " - ".join(f"{k} {v:.4f}" for k, v in figures.items() if v is not None)
 
 
 def trained_with(prefix: str) -> dict[str, Any] | None:

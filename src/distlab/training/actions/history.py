@@ -1,7 +1,8 @@
 """An epoch's row: history.csv, the one-line summary and the TensorBoard scalars.
 
 The scalars use the tags `keras.callbacks.TensorBoard` writes (`epoch_loss`,
-`epoch_accuracy`... under logs/train and logs/validation), for both loops.
+`epoch_accuracy`... under logs/train and logs/validation), for both loops; a per-epoch
+test pass (`trainer.test_every`) goes under logs/test.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ log = logging.getLogger("distlab")
 class History:
     """Records each epoch's row (see `distlab.launch.run_dir.history_columns`)."""
 
-    def __init__(self, run_dir: RunDir, metric_names: list[str], epochs: int) -> None:
+    def __init__(self, run_dir: RunDir, metric_names: list[str], epochs: int,
+                 test: bool = False) -> None:
+        """`test`: the rows have the per-epoch test pass's columns (trainer.test_every)."""
         self.run_dir, self.metric_names, self.epochs = run_dir, metric_names, epochs
-        self.columns = history_columns(metric_names)
-        self.figures = figure_columns(metric_names)
+        self.columns = history_columns(metric_names, test)
+        self.figures = figure_columns(metric_names, test)
         logs = run_dir.logs
-        self._writers = {"train": tf.summary.create_file_writer(str(logs / "train")),
-                         "validation": tf.summary.create_file_writer(str(logs / "validation"))}
+        self._writers = {split: tf.summary.create_file_writer(str(logs / split))
+                         for split in ("train", "validation", *(["test"] if test else []))}
 
     def row(self, epoch: int, learning_rate: float, figures: dict[str, float | None],
             **timing: float) -> dict[str, Any]:
@@ -51,9 +54,10 @@ class History:
         with self._writers["train"].as_default(step=step):
             for key in (*names, "learning_rate", "examples_per_sec"):
                 tf.summary.scalar(f"epoch_{key}", row[key])
-        if row["val_loss"] is not None:
-            with self._writers["validation"].as_default(step=step):
-                for key in names:
-                    tf.summary.scalar(f"epoch_{key}", row[f"val_{key}"])
+        for split, prefix in (("validation", "val_"), ("test", "test_")):
+            if row.get(f"{prefix}loss") is not None:
+                with self._writers[split].as_default(step=step):
+                    for key in names:
+                        tf.summary.scalar(f"epoch_{key}", row[f"{prefix}{key}"])
         for writer in self._writers.values():
             writer.flush()

@@ -46,8 +46,9 @@ class Rule:
 class Monitors:
     """Target, early stopping and best checkpoint for one run (see trainer.* in the config)."""
 
-    def __init__(self, trainer: DictConfig, task: Task) -> None:
-        check_watched(trainer, task.metric_names)  # a user task's names: known only now
+    def __init__(self, trainer: DictConfig, task: Task, validation: bool = True) -> None:
+        """`validation`: whether the run has a validation split (val_* figures)."""
+        check_watched(trainer, task.metric_names, validation)  # a user task's: known now
 
         def rule(node: DictConfig, metric: str | None) -> Rule | None:
             if metric is None:

@@ -91,10 +91,9 @@ class Loop:
 
     # ---- evaluation
     def evaluate(self, split: str = "test") -> dict[str, float]:
-        """{"loss", <metric>...} over a whole split under the current strategy: exact means
-        over its real examples, whatever the replica count. The validation figures are
-        measured on the test split (the datasets have no validation split yet)."""
-        dataset = {"test": self.exp.data.test, "validation": self.exp.data.test}[split]
+        """{"loss", <metric>...} over a whole split ("validation" or "test") under the
+        current strategy: exact means over its real examples, whatever the replica count."""
+        dataset = {"test": self.exp.data.test, "validation": self.exp.data.validation}[split]
         return self.means(self._eval_all(self.distribute(dataset)).numpy())
 
     def means(self, sums) -> dict[str, float]:

@@ -1,0 +1,181 @@
+"""Three splits, used honestly: train is fitted, validation chooses, test only reports.
+
+Fast tests check the held-out fraction (seeded, stratified, disjoint from train), tfds
+slices, a builder's own validation split and the refusals; the slow ones train and check
+that early stopping and checkpoints/best follow the val_ column, that test_* is the final
+(and, when asked, the best) model's, and that validation figures do not depend on the
+replica count.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import TINY_TRAIN, compose
+
+from distlab.config.checks import validate
+from distlab.data import pipeline
+from distlab.errors import ConfigError, DistlabError
+
+
+def _load(tiny_data_dir, *overrides: str, replicas: int = 1):
+    cfg = compose([f"dataset.data_dir={tiny_data_dir}", "dataset.disk_cache=false", *overrides])
+    return pipeline.load(cfg.dataset, num_replicas=replicas, seed=3, steps_per_epoch=None)
+
+
+def _rows(ds: tf.data.Dataset) -> list[tuple[bytes, int]]:
+    """(image bytes, label) of every example of an unbatched (input, label) dataset."""
+    return [(x.tobytes(), int(y)) for x, y in ds.as_numpy_iterator()]
+
+
+def test_held_out_fraction_is_disjoint_seeded_and_stratified(tiny_data_dir):
+    data = _load(tiny_data_dir)  # dataset.validation=auto: tiny mnist has no validation split
+    train, held = _rows(data.train), _rows(data.validation.unbatch())
+    assert len(train) + len(held) == TINY_TRAIN == data.num_train + data.num_validation
+    assert not set(train) & set(held) and len(set(train) | set(held)) == TINY_TRAIN
+    everything = _rows(_load(tiny_data_dir, "dataset.validation=null").train)
+    counts = np.bincount([y for _, y in everything], minlength=10)
+    held_counts = np.bincount([y for _, y in held], minlength=10)
+    np.testing.assert_array_equal(held_counts, np.round(0.1 * counts))  # per class
+    assert "0.1 of train" in data.validation_from and "stratified" in data.validation_from
+    # the same rows whatever the training seed; another validation_seed moves them
+    again = _rows(_load(tiny_data_dir, "seed=7").validation.unbatch())
+    other = _rows(_load(tiny_data_dir, "dataset.validation_seed=1").validation.unbatch())
+    assert again == held and set(other) != set(held)
+    assert len(_rows(_load(tiny_data_dir, "dataset.validation=0.25").validation.unbatch())) \
+        == sum(round(0.25 * c) for c in counts)
+
+
+def test_held_out_rows_rules():
+    labels = np.array([0] * 10 + [1] * 30)
+    mask = pipeline.held_out_rows(labels, 40, 0.2, seed=0)
+    assert (mask[:10].sum(), mask[10:].sum()) == (2, 6)
+    np.testing.assert_array_equal(mask, pipeline.held_out_rows(labels, 40, 0.2, seed=0))
+    assert pipeline.held_out_rows(None, 40, 0.5, seed=0).sum() == 20
+    with pytest.raises(DistlabError, match="dataset.validation=0.01 holds out 0 of"):
+        pipeline.held_out_rows(None, 40, 0.01, seed=0)
+
+
+def test_a_tfds_slice_is_the_validation_split_and_must_not_overlap(tiny_data_dir):
+    data = _load(tiny_data_dir, "dataset.train_split='train[:75%]'",
+                 "dataset.validation='train[75%:]'")
+    assert (data.num_train, data.num_validation) == (384, 128)
+    assert data.validation_from == "train[75%:]"
+    assert not set(_rows(data.train)) & set(_rows(data.validation.unbatch()))
+    with pytest.raises(DistlabError, match=r"dataset.validation='train\[75%:\]' shares "
+                       r"examples with dataset.train_split='train'"):
+        _load(tiny_data_dir, "dataset.validation='train[75%:]'")
+    with pytest.raises(DistlabError, match="dataset.validation='valid'.* not available"):
+        _load(tiny_data_dir, "dataset.validation=valid")
+
+
+def test_a_builders_own_validation_split(tiny_data_dir, monkeypatch):
+    from distlab import DataSplits
+    from distlab.registry import DATASETS
+
+    rng = np.random.default_rng(0)
+
+    def arrays(n):
+        return rng.normal(size=(n, 4)).astype("float32"), rng.integers(0, 3, n)
+
+    def builder(cfg):
+        return DataSplits(train=arrays(90), test=arrays(30), validation=arrays(20),
+                          num_classes=3)
+
+    monkeypatch.setitem(DATASETS._items, "three_splits", builder)
+    data = _load(tiny_data_dir, "dataset.name=three_splits")
+    assert (data.num_train, data.num_validation, data.num_test) == (90, 20, 30)
+    assert data.validation_from == "DataSplits.validation"
+    held = _load(tiny_data_dir, "dataset.name=three_splits", "dataset.validation=0.1")
+    assert (held.num_train, held.num_validation) == (81, 9)  # stratified: 0.1 of each class
+    assert _load(tiny_data_dir, "dataset.name=three_splits",
+                 "dataset.validation=null").validation is None
+    with pytest.raises(DistlabError, match="dataset.validation='validation' names a split, "
+                       "but dataset.name='three_splits' is a dataset builder"):
+        _load(tiny_data_dir, "dataset.name=three_splits", "dataset.validation=validation")
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["dataset.validation=test"], "dataset.validation='test' is the test split"),
+    (["dataset.validation=1.5"], "dataset.validation='1.5' is invalid"),
+    (["dataset.validation=0"], "dataset.validation='0' is invalid"),
+    (["trainer.early_stopping.metric=test_accuracy"],
+     "trainer.early_stopping.metric=test_accuracy would choose on the test split"),
+    (["trainer.target.metric=test_loss", "trainer.target.value=0.1"],
+     "would choose on the test split"),
+    (["objective=test_accuracy"], "test_* fields are not objectives"),
+    (["dataset.validation=null", "trainer.best_checkpoint.metric=val_loss"],
+     "trainer.best_checkpoint.metric=val_loss needs a validation split"),
+    (["dataset.validation=null", "objective=val_accuracy"],
+     "objective=val_accuracy needs a validation split"),
+])
+def test_choosing_on_the_test_split_is_refused(overrides, needle):
+    with pytest.raises(ConfigError, match=None) as e:
+        validate(compose(overrides))
+    assert needle in str(e.value), str(e.value)
+
+
+def test_the_tutorial_presets_keep_their_tutorials_splits():
+    fit = compose(["experiment=tutorial_keras_mnist"])
+    custom = compose(["experiment=tutorial_custom_fashion"])
+    assert fit.dataset.validation is None and fit.trainer.validate_every == 0
+    assert custom.dataset.validation is None and custom.trainer.test_every == 1
+    assert compose([]).dataset.validation == "auto"
+    assert compose(["hparams_search=optuna"]).objective == "val_accuracy"
+
+
+def _history(run_dir) -> list[dict[str, float]]:
+    with open(run_dir / "history.csv") as f:
+        return [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+SELECTED = ("loop=custom", "trainer.epochs=4", "deterministic=true", "seed=11",
+            "optimizer.learning_rate=0.02", "trainer.best_checkpoint.metric=val_loss",
+            "trainer.best_checkpoint.test=true", "trainer.early_stopping.metric=val_accuracy",
+            "trainer.early_stopping.patience=1", "model=mlp", "model.hidden_units=[16]")
+
+
+@pytest.mark.slow
+def test_selection_follows_the_validation_column_and_test_only_reports(run_once, run_inprocess,
+                                                                       tmp_path):
+    results, run_dir = run_once(*SELECTED)
+    rows = _history(run_dir)
+    val_loss = [r["val_loss"] for r in rows]
+    assert results["best_epoch"] == int(np.argmin(val_loss)) + 1  # the val_ column's argmin
+    assert results["best_value"] == pytest.approx(min(val_loss), rel=1e-5)
+    if "stopped_early" in results:  # patience 1 on val_accuracy
+        accuracy = [r["val_accuracy"] for r in rows]
+        assert accuracy[-1] <= max(accuracy[:-1])
+    assert results["val_loss"] == pytest.approx(val_loss[-1], rel=1e-5)  # the final model's
+    assert results["val_loss"] != pytest.approx(results["test_loss"], rel=1e-3)
+    assert "test_loss" not in rows[0] and results["objective"] == "val_accuracy"
+    assert results["num_validation"] == 51 and "0.1 of train" in results["validation"]
+    # best_test_*: checkpoints/best on the test split, as an evaluation of it gives
+    best = run_inprocess("mode=evaluate", f"ckpt_path={results['best_checkpoint']}",
+                         "model=mlp", "model.hidden_units=[16]", "loop=custom")
+    assert results["best_test_loss"] == pytest.approx(best["test_loss"], abs=1e-6)
+    assert results["best_test_accuracy"] == best["test_accuracy"]
+    # the validation figures of one checkpoint on 1 and 2 replicas
+    two = run_inprocess("mode=evaluate", f"ckpt_path={results['best_checkpoint']}",
+                        "model=mlp", "model.hidden_units=[16]", "loop=custom",
+                        "strategy.cpu_devices=2")
+    assert two["val_loss"] == pytest.approx(best["val_loss"], abs=1e-6)
+    assert two["val_accuracy"] == pytest.approx(best["val_accuracy"], abs=1e-6)
+    assert best["val_loss"] == pytest.approx(results["best_value"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_a_per_epoch_test_pass_is_labelled_test(run_inprocess, tmp_path):
+    out = tmp_path / "tutorial_like"
+    results = run_inprocess("loop=custom", "model=mlp", "model.hidden_units=[16]",
+                            "dataset.validation=null", "trainer.validate_every=0",
+                            "trainer.test_every=1", out=out)
+    rows = _history(out)
+    assert [k for k in rows[0] if "loss" in k] == ["loss", "val_loss", "test_loss"]
+    assert rows[0]["val_loss"] is None and results["val_loss"] is None
+    assert rows[-1]["test_loss"] == pytest.approx(results["test_loss"], rel=1e-5)  # 6 digits
+    assert results["validation"] is None and results["num_validation"] is None
+    assert (out / "logs" / "test").is_dir()

@@ -4,7 +4,8 @@
 this process; `run(cfg, output_dir)` runs an already composed config (what each Hydra job
 calls). Both return a `Results` and never exit. `register` adds your own component to a
 group's registry; a dataset builder returns `DataSplits`, a task builder a `Task` of
-`Metric`s, a loop is a `Loop` subclass, and a dataset schema subclasses `DatasetConfig`.
+`Metric`s, a loop is a `Loop` subclass, and a dataset schema subclasses `DatasetConfig`;
+`keras_inputs(input_spec)` gives a model builder the `keras.Input`s of structured inputs.
 Importing this package does not import TensorFlow (`Task`, `Metric` and `Loop` import it
 when first named), so `--cfg job` and config checks stay fast.
 """
@@ -19,7 +20,8 @@ from distlab.launch.job import Results, run, train
 from distlab.registry import register
 
 _LAZY = {"Task": "distlab.components.tasks", "Metric": "distlab.components.tasks",
-         "Loop": "distlab.training.loops"}  # they import TensorFlow
+         "Loop": "distlab.training.loops",
+         "keras_inputs": "distlab.components.models"}  # they import TensorFlow
 
 
 def __getattr__(name: str) -> Any:
@@ -29,4 +31,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["train", "run", "Results", "register", "DataSplits", "DatasetConfig", "Task",
-           "Metric", "Loop", "DistlabError"]
+           "Metric", "Loop", "DistlabError", "keras_inputs"]

@@ -38,11 +38,12 @@ class Registry:
 
     `params` names the arguments every builder of the group is called with; a callable
     that cannot take them is refused when the name is resolved, before anything is built.
+    `optional` names keyword arguments a builder gets only if it declares them (`call`).
     """
 
     def __init__(self, group: str, params: tuple[str, ...],
-                 builtins: dict[str, str] | None = None) -> None:
-        self.group, self.params = group, params
+                 builtins: dict[str, str] | None = None, optional: tuple[str, ...] = ()) -> None:
+        self.group, self.params, self.optional = group, params, optional
         self._items: dict[str, Callable | str] = dict(builtins or {})
         self._origin: dict[str, str] = {name: "distlab" for name in self._items}
         self.schemas: dict[str, type] = {}
@@ -106,11 +107,29 @@ class Registry:
         except (TypeError, ValueError):  # a builtin without a signature: trust it
             return
         try:
-            signature.bind(*self.params)
+            signature.bind(*self.params, **dict.fromkeys(_declared(fn, self.optional)))
         except TypeError:
             raise RegistryError(
                 f"{what} has the wrong signature {signature}: a {self.group} builder is called "
                 f"as f({', '.join(self.params)})") from None
+
+
+def call(fn: Callable, *args: Any, **optional: Any) -> Any:
+    """`fn(*args, **those of optional it declares)`: a builder that declares an optional
+    argument by name (or takes **kwargs) gets it; any other is called as before."""
+    return fn(*args, **{k: optional[k] for k in _declared(fn, tuple(optional))})
+
+
+def _declared(fn: Callable, names: tuple[str, ...]) -> list[str]:
+    """Those of `names` that `fn` takes as keyword arguments."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return list(names)
+    return [n for n in names if n in params and params[n].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
 
 
 def _locate(path: str, key: str) -> Callable:
@@ -140,7 +159,8 @@ STRATEGIES = Registry("strategy", ("cfg",), {
 DATASETS = Registry("dataset", ("cfg",))  # anything else is a tfds name
 MODELS = Registry("model", ("cfg", "input_shape", "outputs"), {
     name: f"distlab.components.models:{name}"
-    for name in ("cnn", "mlp", "resnet", "keras_applications")})
+    for name in ("cnn", "mlp", "resnet", "keras_applications")},
+    optional=("input_spec", "train_inputs"))
 TASKS = Registry("task", ("cfg",), {
     name: f"distlab.components.tasks:{name}" for name in ("classification", "regression")})
 OPTIMIZERS = Registry("optimizer", ("cfg", "learning_rate"), {
@@ -159,7 +179,8 @@ REGISTRIES: dict[str, Registry] = {r.group: r for r in (
 def register(group: str, name: str, fn: Callable | None = None, *,
              schema: type | None = None) -> Any:
     """Add your own component: `@register("model", "my_net")` on a builder called like
-    distlab's own (model: `f(cfg, input_shape, outputs) -> keras.Model`; see the README).
+    distlab's own (model: `f(cfg, input_shape, outputs) -> keras.Model`, with `input_spec=`
+    and `train_inputs=` if it declares them; see the README).
     `schema`: a dataclass whose fields are the keys the group node may have."""
     if group not in REGISTRIES:
         raise RegistryError(f"register({group!r}, {name!r}): no such group; groups: "

@@ -88,7 +88,10 @@ def _aligned(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
 def outputs_probabilities(model: keras.Model) -> bool:
     """Whether the model's last layer ends in softmax or sigmoid (else: logits)."""
-    activation = getattr(model.layers[-1], "activation", None) if model.layers else None
+    last = model.layers[-1] if model.layers else None
+    while isinstance(last, keras.Model) and last.layers:  # a model wrapped in another
+        last = last.layers[-1]
+    activation = getattr(last, "activation", None)
     return activation in (keras.activations.softmax, keras.activations.sigmoid)
 
 

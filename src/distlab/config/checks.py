@@ -68,6 +68,14 @@ def validate(cfg: DictConfig) -> None:
         )
     # the runner refuses it again once the strategy's replicas are known (a mirrored strategy
     # over all the logical CPUs a process already has, or a strategy passed in)
+    preprocess = OmegaConf.select(cfg, "dataset.preprocess", default=None)
+    if preprocess is not None and preprocess.get("standardize"):
+        given = [k for k in ("mean", "std") if preprocess.get(k) is not None]
+        if given:
+            raise ConfigError(
+                f"dataset.preprocess.standardize=true computes the mean and std from the "
+                f"training split: unset dataset.preprocess.{given[0]} (or set standardize "
+                "to false)")
     if cfg.loop.jit_compile and (OmegaConf.select(cfg, "strategy.cpu_devices") or 1) > 1:
         raise ConfigError(JIT_ON_LOGICAL_CPUS)
     target = cfg.trainer.target

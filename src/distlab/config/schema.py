@@ -65,6 +65,10 @@ OUTPUT_ACTIVATION: Rule = (lambda v: v in ("softmax",), "must be null or softmax
 RESNET_DEPTH: Rule = (lambda v: v >= 8 and (v - 2) % 6 == 0,
                       "must be 6n+2 with n >= 1 (e.g. 20, 32, 44, 56, 110)")
 LEARNING_RATE: Rule = (lambda v: v > 0 and math.isfinite(v), "must be finite and > 0")
+FEATURE_NAMES: Rule = (lambda v: isinstance(v, str) and bool(v) or (
+    not isinstance(v, str | int | float | bool) and len(v) > 0
+    and all(isinstance(k, str) and k for k in v)),
+    "must be a feature name or a non-empty list of feature names")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 INT_LIMIT = 2**31  # every integer key of distlab's options is below it (seed: below 2**32)
 
@@ -92,7 +96,8 @@ class StrategyConfig:
 class FeaturesConfig:
     """Which tfds features are the input and the label; null: the supervised keys."""
 
-    input: str | None = None  # the feature fed to the model
+    # the feature fed to the model, or a list of features (the model gets a dict by name)
+    input: Any = checked(None, FEATURE_NAMES)
     label: str | None = None  # the feature it learns (ClassLabel: classes; else values)
 
 
@@ -104,6 +109,12 @@ class PreprocessConfig:
     rescale: float | None = checked(None, POSITIVE)  # divide raw inputs by this (images: 255)
     mean: list[float] | None = None  # per channel (last axis), subtracted after rescaling
     std: list[float] | None = checked(None, ENTRIES_POSITIVE)  # per channel, after the mean
+    # per feature (last axis): (x - mean) / std with the training split's mean and std, kept
+    # in the model (Normalization layers: checkpointed, exported); instead of mean and std
+    standardize: bool = False
+    # the inputs the above apply to (cast to float32 first); null: one input tensor unless
+    # strings, or a tuple's / dict's float inputs. Other inputs reach the model untouched
+    inputs: list[str] | None = None
 
 
 @dataclass

@@ -9,6 +9,11 @@ epoch never depends on how many epochs this process has already run (resume give
 same batches as an uninterrupted run). Inference-time preprocessing (`dataset.preprocess`)
 is applied before caching and travels with the exported model; augmentation
 (`dataset.augment`) is applied to the train split only, after the cache.
+
+An example's input is whatever a Keras model takes: one tensor, a tuple or a dict of named
+inputs (`tf.nest` structures), of any dtype, strings included. Ragged inputs become dense
+per example, and a batch whose inputs have a dimension of unknown length is padded to its
+longest example (`batched`): 0 for numbers, "" for strings.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from distlab.errors import DistlabError, described, first_line
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
 PROBE_TIMEOUT_S = 5.0
+ADAPT_BATCH = 1024  # rows per batch of Data.train_inputs (fixed: stats never depend on replicas)
 
 
 @dataclass
@@ -49,7 +55,7 @@ class Data:
     validation: tf.data.Dataset | None  # as `test`; None: no validation split
     num_validation: int
     validation_from: str | None  # where the validation split comes from (results.json)
-    input_shape: tuple[int, ...]
+    input_shape: Any  # one input: its shape per example; a tuple or dict of inputs: theirs
     outputs: int  # classes (classification) or values per example (regression)
     classes: bool  # whether labels are classes (tfds ClassLabel, or num_classes given)
     global_batch_size: int
@@ -60,6 +66,14 @@ class Data:
     raw_test: tf.data.Dataset = None  # unpreprocessed (input, label) pairs, unbatched
     preprocess: Callable[[tf.Tensor], tf.Tensor] = None  # raw -> model input (any batch)
     augment: Callable | None = None  # (input, seed) -> input, train split only
+    input_spec: Any = None  # the model's inputs per example: a tf.TensorSpec, tuple or dict
+    standardize: tuple[str, ...] = ()  # inputs dataset.preprocess.standardize normalises
+
+    def train_inputs(self, batch_size: int = ADAPT_BATCH) -> tf.data.Dataset:
+        """The training split's model inputs (no labels), preprocessed, unshuffled, in
+        batches of `batch_size` rows whatever the replica count (padded as training batches
+        are): what a model builder adapts its preprocessing layers on."""
+        return batched(self.train.map(lambda x, y: x, num_parallel_calls=AUTOTUNE), batch_size)
 
     @property
     def full_pass(self) -> bool:
@@ -94,7 +108,7 @@ class Data:
                     num_parallel_calls=AUTOTUNE)
             if not full_pass:  # passes back to back, batched across their boundary: every
                 ds = ds.repeat()  # batch is full (steps_per_epoch beyond one pass included)
-            ds = ds.batch(gb)
+            ds = batched(ds, gb)
             return ds if full_pass else ds.take(steps)
 
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
@@ -280,7 +294,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         validation=_batched(validation, gb) if validation is not None else None,
         num_validation=num_validation,
         validation_from=splits.validation_from,
-        input_shape=tuple(train.element_spec[0].shape),
+        input_shape=input_shapes(train.element_spec[0]),
         outputs=splits.outputs,
         classes=splits.classes,
         global_batch_size=gb,
@@ -291,6 +305,8 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         raw_test=raw_test,
         preprocess=preprocess,
         augment=make_augment(cfg.augment, train.element_spec[0]),
+        input_spec=named_specs(train.element_spec[0]),
+        standardize=standardized_inputs(cfg.preprocess, raw_input),
     )
 
 
@@ -315,7 +331,7 @@ AUTO_FRACTION = 0.1  # dataset.validation=auto without a validation split of the
 
 
 def _batched(ds: tf.data.Dataset, global_batch: int) -> tf.data.Dataset:
-    return _no_autotune(ds.batch(global_batch).prefetch(AUTOTUNE))
+    return _no_autotune(batched(ds, global_batch).prefetch(AUTOTUNE))
 
 
 def held_out_rows(labels: np.ndarray | None, n: int, fraction: float, seed: int,
@@ -385,10 +401,7 @@ def _tfds_splits(cfg: DictConfig) -> RawSplits:
         raise DistlabError(f"dataset {cfg.name!r} has no supervised keys: set "
                            f"dataset.features.input and dataset.features.label to two of its "
                            f"features ({available})")
-    for role, key in zip(("input", "label"), keys, strict=True):
-        if key not in info.features:
-            raise DistlabError(f"dataset.features.{role}={key!r} is not a feature of "
-                               f"{cfg.name}; its features: {available}")
+    keys = _checked_features(cfg.name, info, keys)
     choice = validation_choice(cfg.validation)
     if choice == "auto":
         choice = "validation" if "validation" in info.splits else AUTO_FRACTION
@@ -404,7 +417,8 @@ def _tfds_splits(cfg: DictConfig) -> RawSplits:
         _check_disjoint(info.splits, choice, cfg.train_split, cfg.test_split)
     x, y = keys
     sizes = [_num_examples(info, name, ds) for name, ds in zip(names, datasets, strict=True)]
-    train, test, *validation = (ds.map(lambda ex: (ex[x], ex[y]), num_parallel_calls=AUTOTUNE)
+    train, test, *validation = (dense_inputs(ds.map(lambda ex: (_select(ex, x), ex[y]),
+                                                    num_parallel_calls=AUTOTUNE))
                                 for ds in datasets)
     label = info.features[y]
     classes = isinstance(label, tfds.features.ClassLabel)
@@ -428,11 +442,12 @@ def _held_out_name(fraction: float, train_split: str, classes: bool, seed: int) 
             f"dataset.validation_seed={seed})")
 
 
-def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str, y: str) -> np.ndarray:
+def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str | list[str],
+                 y: str) -> np.ndarray:
     """The labels of a tfds split, in order, without decoding its inputs where tfds can."""
+    skip = {k: tfds.decode.SkipDecoding() for k in (x if isinstance(x, list) else [x])}
     try:
-        ds = builder.as_dataset(split=split, shuffle_files=False,
-                                decoders={x: tfds.decode.SkipDecoding()})
+        ds = builder.as_dataset(split=split, shuffle_files=False, decoders=skip)
     except (ValueError, TypeError, KeyError):
         ds = builder.as_dataset(split=split, shuffle_files=False)
     return _labels(ds.map(lambda ex: (0, ex[y])))
@@ -460,6 +475,26 @@ def _check_disjoint(split_infos: Any, validation: str, train: str, test: str) ->
                 ": give them disjoint slices (e.g. dataset.train_split='train[:90%]' "
                 "dataset.validation='train[90%:]'), or hold out a fraction of the train split "
                 "(dataset.validation=0.1)")
+
+
+def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tuple[Any, str]:
+    """(input, label) feature names, checked against the dataset's features; the input is
+    one name or a list of names (the model then gets a dict keyed by them)."""
+    x, y = keys
+    if OmegaConf.is_list(x) or isinstance(x, list | tuple):
+        x = [str(k) for k in x]
+    available = ", ".join(sorted(info.features.keys()))
+    for role, key in [*(("input", k) for k in (x if isinstance(x, list) else [x])),
+                      ("label", y)]:
+        if key not in info.features:
+            raise DistlabError(f"dataset.features.{role}={key!r} is not a feature of "
+                               f"{name}; its features: {available}")
+    return x, y
+
+
+def _select(example: dict, x: str | list[str]) -> Any:
+    """The model input of a tfds example: one feature, or a dict of several by name."""
+    return {k: example[k] for k in x} if isinstance(x, list) else example[x]
 
 
 def _user_splits(cfg: DictConfig) -> RawSplits:
@@ -515,11 +550,110 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
         if not (isinstance(spec, tuple) and len(spec) == 2):
             raise DistlabError(f"{key}: its {which} dataset must give (input, label) pairs, "
                                f"not {spec}")
-        return split
+        return dense_inputs(split)
     if isinstance(split, tuple | list) and len(split) == 2:
-        return tf.data.Dataset.from_tensor_slices((np.asarray(split[0]), np.asarray(split[1])))
+        try:
+            columns = (_as_columns(split[0]), _as_column(split[1]))
+            return dense_inputs(tf.data.Dataset.from_tensor_slices(columns))
+        except (ValueError, TypeError, tf.errors.OpError) as e:
+            raise DistlabError(f"{key}: its {which} split's (inputs, labels) do not make a "
+                               f"dataset: {described(e)}") from None
     raise DistlabError(f"{key}: its {which} split must be a tf.data.Dataset of (input, label) "
                        f"pairs or a tuple (inputs, labels) of arrays, not {type(split).__name__}")
+
+
+def _as_columns(inputs: Any) -> Any:
+    """A user's inputs as tensors for from_tensor_slices: an array, or a tuple or dict of
+    them (nested), each with one row per example."""
+    if isinstance(inputs, dict):
+        return {k: _as_columns(v) for k, v in inputs.items()}
+    if isinstance(inputs, tuple):
+        return tuple(_as_columns(v) for v in inputs)
+    return _as_column(inputs)
+
+
+def _as_column(values: Any) -> Any:
+    """One input (or the labels): a NumPy array; rows of different lengths (a list of
+    sequences, an object array of arrays) a tf.RaggedTensor; Python strings tf.string."""
+    if tf.is_tensor(values):
+        return values
+    try:
+        array = np.asarray(values)
+    except ValueError:  # rows of different lengths (NumPy refuses to make them an array)
+        return _ragged(values)
+    if array.dtype == object:
+        if all(isinstance(v, str | bytes) for v in array.ravel()):
+            return array.astype(bytes if isinstance(array.ravel()[0], bytes) else str)
+        return _ragged(values)
+    return array
+
+
+def _ragged(rows: Any) -> tf.RaggedTensor:
+    """Rows of different lengths as a tf.RaggedTensor of their own dtype."""
+    rows = [np.asarray(row) for row in rows]
+    return tf.RaggedTensor.from_row_lengths(np.concatenate(rows), [len(r) for r in rows])
+
+
+def dense_inputs(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` with ragged inputs made dense per example (padded to the example's longest
+    row); batches then pad to their longest example (`batched`)."""
+    if not any(isinstance(s, tf.RaggedTensorSpec) for s in tf.nest.flatten(ds.element_spec)):
+        return ds
+
+    def dense(x: Any) -> Any:
+        return x.to_tensor() if isinstance(x, tf.RaggedTensor) else x
+
+    return ds.map(lambda x, y: (tf.nest.map_structure(dense, x), dense(y)),
+                  num_parallel_calls=AUTOTUNE)
+
+
+def batched(ds: tf.data.Dataset, size: int) -> tf.data.Dataset:
+    """Batches of `size` rows; padded to each batch's longest example (0, or "" for strings)
+    where an input has a dimension of unknown length."""
+    if all(s.shape.is_fully_defined() for s in tf.nest.flatten(ds.element_spec)):
+        return ds.batch(size)
+    return ds.padded_batch(size)
+
+
+def input_names(spec: Any) -> list[str]:
+    """The names of the inputs, in tf.nest's order: one tensor is `inputs`; a dict's inputs
+    their keys, a tuple's their positions (`0`, `1`; nested: `a/b`)."""
+    if isinstance(spec, tf.TypeSpec):
+        return ["inputs"]
+    names = list(_paths(spec))
+    assert len(names) == len(tf.nest.flatten(spec)), (names, spec)
+    return names
+
+
+def _paths(node: Any, prefix: str = ""):
+    """Joined paths of a structure's leaves in tf.nest's order (dict keys sorted)."""
+    if isinstance(node, dict):
+        for key in sorted(node):
+            yield from _paths(node[key], f"{prefix}{key}/")
+    elif isinstance(node, tuple | list):
+        fields = getattr(node, "_fields", None) or range(len(node))
+        for field, value in zip(fields, node, strict=True):
+            yield from _paths(value, f"{prefix}{field}/")
+    else:
+        yield prefix[:-1]
+
+
+def named_specs(spec: Any) -> Any:
+    """`spec` with each tf.TensorSpec named as its input (`input_names`), for keras.Input."""
+    flat = [tf.TensorSpec(s.shape, s.dtype, name=name)
+            for s, name in zip(tf.nest.flatten(spec), input_names(spec), strict=True)]
+    return tf.nest.pack_sequence_as(spec, flat)
+
+
+def input_shapes(spec: Any) -> Any:
+    """One input's shape per example as a tuple; for several, the same structure of them."""
+    return tf.nest.map_structure(lambda s: tuple(s.shape), spec)
+
+
+def describe_inputs(spec: Any) -> str:
+    """`name: dtype shape, ...`, for messages."""
+    return ", ".join(f"{name}: {s.dtype.name} {tuple(s.shape)}" for name, s in
+                     zip(input_names(spec), tf.nest.flatten(spec), strict=True))
 
 
 def _count(ds: tf.data.Dataset) -> int:
@@ -529,19 +663,68 @@ def _count(ds: tf.data.Dataset) -> int:
     return int(ds.reduce(tf.constant(0, tf.int64), lambda c, _: c + 1))
 
 
-def make_preprocess(cfg: DictConfig, raw: tf.TensorSpec) -> Callable[[tf.Tensor], tf.Tensor]:
-    """Raw inputs (one example or a batch) -> float32 model inputs: divide by `rescale`,
-    then per channel (last axis) subtract `mean` and divide by `std`."""
+def preprocessed_inputs(cfg: DictConfig, raw: Any) -> list[str]:
+    """The inputs `dataset.preprocess` applies to (`input_names`), checked.
+
+    `dataset.preprocess.inputs` names them; null: a dataset's one input tensor unless it
+    is strings, or the float inputs of a tuple or dict. Any other input reaches the model
+    untouched, in its own dtype (strings, integer ids)."""
+    names, specs = input_names(raw), tf.nest.flatten(raw)
+    dtypes = dict(zip(names, (s.dtype for s in specs), strict=True))
+    settings = [(k, cfg[k]) for k in ("rescale", "mean", "std") if cfg[k] is not None]
+    if cfg.get("standardize"):
+        settings.append(("standardize", "true"))
+    chosen = cfg.get("inputs")
+    if chosen is not None:
+        for name in chosen:
+            if name not in dtypes:
+                raise DistlabError(f"dataset.preprocess.inputs names {name!r}, which is not an "
+                                   f"input of this dataset; its inputs: {describe_inputs(raw)}")
+            if dtypes[name] == tf.string:
+                raise DistlabError(
+                    f"dataset.preprocess.inputs names {name!r}, a string input: preprocessing "
+                    "(float32, rescale, mean, std, standardize) is for numeric inputs; strings "
+                    "reach the model as they are (adapt a TextVectorization or StringLookup "
+                    "layer in the model on them)")
+        return list(chosen)
+    if isinstance(raw, tf.TypeSpec):
+        chosen = [] if raw.dtype == tf.string else names
+    else:
+        chosen = [n for n in names if dtypes[n].is_floating]
+    if settings and not chosen:
+        key, value = settings[0]
+        if isinstance(raw, tf.TypeSpec):
+            raise DistlabError(
+                f"dataset.preprocess.{key}={value} cannot apply to this dataset's string "
+                "input: set it to null (strings reach the model as they are; adapt a "
+                "TextVectorization or StringLookup layer in the model on them)")
+        raise DistlabError(
+            f"dataset.preprocess.{key}={value} applies to no input: by default it applies to "
+            f"the float inputs, and this dataset's are {describe_inputs(raw)}; name the "
+            "numeric inputs to preprocess in dataset.preprocess.inputs, or set it to null")
+    return chosen
+
+
+def make_preprocess(cfg: DictConfig, raw: Any) -> Callable[[Any], Any]:
+    """Raw inputs (one example or a batch; one tensor, a tuple or a dict) -> model inputs:
+    each input of `preprocessed_inputs` is cast to float32, divided by `rescale`, then per
+    channel (last axis) `mean` is subtracted and it is divided by `std`; the others pass
+    through untouched."""
     rescale = cfg.rescale
     mean = None if cfg.mean is None else tf.constant(list(cfg.mean), tf.float32)
     std = None if cfg.std is None else tf.constant(list(cfg.std), tf.float32)
-    channels = raw.shape[-1] if raw.shape.rank else None
-    for key, value in (("mean", mean), ("std", std)):
-        if value is not None and channels is not None and value.shape[0] not in (1, channels):
-            raise DistlabError(f"dataset.preprocess.{key} has {value.shape[0]} entries but the "
-                               f"inputs have {channels} channels (last axis)")
+    chosen = set(preprocessed_inputs(cfg, raw))
+    names = input_names(raw)
+    for name, spec in zip(names, tf.nest.flatten(raw), strict=True):
+        channels = spec.shape[-1] if spec.shape.rank else None
+        for key, value in (("mean", mean), ("std", std)):
+            if (name in chosen and value is not None and channels is not None
+                    and value.shape[0] not in (1, channels)):
+                where = "the inputs have" if len(names) == 1 else f"input {name!r} has"
+                raise DistlabError(f"dataset.preprocess.{key} has {value.shape[0]} entries but "
+                                   f"{where} {channels} channels (last axis)")
 
-    def preprocess(x: tf.Tensor) -> tf.Tensor:
+    def one(x: tf.Tensor) -> tf.Tensor:
         x = tf.cast(x, tf.float32)
         if rescale is not None:
             x = x / float(rescale)
@@ -551,20 +734,41 @@ def make_preprocess(cfg: DictConfig, raw: tf.TensorSpec) -> Callable[[tf.Tensor]
             x = x / std
         return x
 
+    def preprocess(inputs: Any) -> Any:
+        flat = [one(x) if name in chosen else x
+                for name, x in zip(names, tf.nest.flatten(inputs), strict=True)]
+        return tf.nest.pack_sequence_as(inputs, flat)
+
     return preprocess
 
 
-def make_augment(cfg: DictConfig, spec: tf.TensorSpec) -> Callable | None:
+def standardized_inputs(cfg: DictConfig, raw: Any) -> tuple[str, ...]:
+    """The inputs `dataset.preprocess.standardize` normalises (by the training split's
+    per-feature mean and std, in the model: see `components.models`); () when off."""
+    if not cfg.get("standardize"):
+        return ()
+    chosen = preprocessed_inputs(cfg, raw)
+    for name, spec in zip(input_names(raw), tf.nest.flatten(raw), strict=True):
+        if name in chosen and spec.shape.rank and spec.shape[-1] is None:
+            raise DistlabError(
+                f"dataset.preprocess.standardize=true needs each standardized input's last "
+                f"axis (its features or channels) to have a known size; input {name!r} has "
+                f"shape {tuple(spec.shape)}: leave it out of dataset.preprocess.inputs")
+    return tuple(chosen)
+
+
+def make_augment(cfg: DictConfig, spec: Any) -> Callable | None:
     """(image, seed[2]) -> image: random flips and random crops of a zero-padded image
     (translations by up to `crop_padding` pixels), stateless, so they depend on the seed
     only. None when nothing is configured."""
     flip, pad = cfg.flip, int(cfg.crop_padding)
     if flip == "none" and pad == 0:
         return None
-    if spec.shape.rank != 3:
-        raise DistlabError(f"dataset.augment works on images (height, width, channels); this "
-                           f"dataset's inputs have shape {tuple(spec.shape)}. Set "
-                           "dataset.augment.flip=none and dataset.augment.crop_padding=0")
+    if not isinstance(spec, tf.TensorSpec) or spec.shape.rank != 3 or spec.dtype == tf.string:
+        raise DistlabError(f"dataset.augment works on images (one input of shape (height, "
+                           f"width, channels)); this dataset's inputs are "
+                           f"{describe_inputs(spec)}. Set dataset.augment.flip=none and "
+                           "dataset.augment.crop_padding=0")
     height, width, channels = spec.shape
 
     def augment(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:

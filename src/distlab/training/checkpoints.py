@@ -123,6 +123,7 @@ class Checkpoints:
                                             self._restore_all, self.state)
         elif latest:
             self._restore_all(latest)
+        models.refresh_adapted(exp.model)  # adapted layers use the restored statistics
         epoch, step = self.position
         if not latest:  # rows of an attempt killed before its first checkpoint: trained again
             exp.run_dir.truncate_history(0)
@@ -161,6 +162,7 @@ class Checkpoints:
                                             self._restore_model, self.model_state())
         else:
             self._restore_model(prefix)
+        models.refresh_adapted(exp.model)  # adapted layers use the restored statistics
         return prefix
 
     def _restore_model(self, prefix: str) -> None:
@@ -172,7 +174,7 @@ class Checkpoints:
         model.optimizer (compile attaches it), which TensorFlow would restore into the
         optimizer a later compile attaches, this config's (other slots or shapes: an error)."""
         exp = self.exp
-        twin = models.build(exp.cfg.model, exp.data.input_shape, exp.data.outputs)
+        twin = models.build_for(exp.cfg.model, exp.data)
         self._restore(tf.train.Checkpoint(**{**self.model_state(), "model": twin}), prefix,
                       what="restore", partial=True)
         for variable, value in zip(exp.model.variables, twin.variables, strict=True):

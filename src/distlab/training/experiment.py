@@ -57,7 +57,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
                     data.validation is not None)
     lr = learning_rate(cfg, effective_batch_size(cfg, data.global_batch_size))
     with strategy.scope():
-        model = models.build(cfg.model, data.input_shape, data.outputs)
+        model = models.build_for(cfg.model, data)
         schedule = schedules.build(cfg.schedule, lr, data.steps_per_epoch, cfg.trainer.epochs)
         optimizer = optimizers.with_training_options(
             optimizers.build(cfg.optimizer, schedule), cfg.trainer.grad_accum_steps,

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from distlab.data.pipeline import batched, describe_inputs, input_names
 from distlab.errors import DistlabError
 from distlab.training.experiment import Experiment
 
@@ -21,16 +22,21 @@ EXPORT_RTOL = {"float32": 1e-4, "mixed_float16": 2e-3, "mixed_bfloat16": 2e-2}
 def export_and_check(exp: Experiment) -> dict[str, Any]:
     """Export a SavedModel that serves raw inputs, and check it reloaded.
 
-    Its `serve` and `serving_default` signatures take the dataset's raw inputs (dtype and
-    shape as the dataset gives them, e.g. uint8 images) under the input name `inputs`, apply
-    the inference-time preprocessing (`dataset.preprocess`; never augmentation), and return
-    the model's outputs as `output_0`. The check compares raw-input predictions of the
-    reloaded model, with and without the strategy, to the trained model's."""
+    Its `serve` and `serving_default` signatures take the dataset's raw inputs, each in its
+    own dtype and shape as the dataset gives them (uint8 images, strings, variable-length
+    ids), named as the inputs are (`pipeline.input_names`: one tensor is `inputs`, a dict's
+    inputs their keys), apply the inference-time preprocessing (`dataset.preprocess`; never
+    augmentation), and return the model's outputs as `output_0`. The check compares
+    raw-input predictions of the reloaded model, with and without the strategy, to the
+    trained model's."""
     path = str(exp.run_dir.saved_model)
     data, model = exp.data, exp.model
-    spec = tf.TensorSpec([None, *data.raw_input.shape], data.raw_input.dtype, name="inputs")
+    names = input_names(data.raw_input)
+    spec = tf.nest.pack_sequence_as(data.raw_input, [
+        tf.TensorSpec([None, *s.shape], s.dtype, name=name)
+        for s, name in zip(tf.nest.flatten(data.raw_input), names, strict=True)])
 
-    def serve(inputs: tf.Tensor) -> tf.Tensor:
+    def serve(inputs: Any) -> Any:
         return model(data.preprocess(inputs), training=False)
 
     archive = keras.export.ExportArchive()
@@ -38,25 +44,37 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
     for endpoint in ("serve", "serving_default"):
         archive.add_endpoint(endpoint, serve, input_signature=[spec])
     archive.write_out(path, verbose=False)
-    raw = next(iter(data.raw_test.batch(32)))[0]
-    expected = np.asarray(model(data.preprocess(raw), training=False))
+    raw = next(iter(batched(data.raw_test, 32)))[0]
+    expected = _flat(model(data.preprocess(raw), training=False))
     plain = tf.saved_model.load(path)
-    default = plain.signatures["serving_default"](inputs=raw)["output_0"]
-    diffs = [np.max(np.abs(plain.serve(raw).numpy() - expected)),
-             np.max(np.abs(default.numpy() - expected))]
+    default = plain.signatures["serving_default"](
+        **dict(zip(names, tf.nest.flatten(raw), strict=True)))
+    diffs = [_max_diff(_flat(plain.serve(raw)), expected),
+             _max_diff([default[k] for k in sorted(default)], expected)]
     with exp.strategy.scope():  # inside the scope it must be called through strategy.run
         scoped = tf.saved_model.load(path)
         outputs = exp.strategy.run(scoped.serve, args=(raw,))
-    diffs.append(np.max(np.abs(exp.strategy.experimental_local_results(outputs)[0].numpy()
-                               - expected)))
+    local = tf.nest.map_structure(lambda v: exp.strategy.experimental_local_results(v)[0],
+                                  outputs)
+    diffs.append(_max_diff(_flat(local), expected))
     diff = float(max(diffs))
-    scale = max(1.0, float(np.max(np.abs(expected))))  # outputs can be large early in training
+    scale = max(1.0, *(float(np.max(np.abs(e))) for e in expected))  # outputs grow early on
     tolerance = EXPORT_RTOL.get(exp.cfg.precision, EXPORT_RTOL["float32"])
     if diff > tolerance * scale:
         raise DistlabError(f"the exported SavedModel in {path} predicts differently from the "
                            f"trained model (max abs diff {diff:.3g} > {tolerance} x "
                            f"{scale:.3g}, the largest output, for precision={exp.cfg.precision})")
-    log.info("exported %s: serving_default takes raw %s inputs %s (reloaded with and without "
-             "the strategy, max abs diff %.2g)", path, data.raw_input.dtype.name,
-             tuple(data.raw_input.shape), diff)
+    log.info("exported %s: serving_default takes raw inputs %s (reloaded with and without "
+             "the strategy, max abs diff %.2g)", path, describe_inputs(data.raw_input), diff)
     return {"saved_model": "saved_model", "export_max_abs_diff": diff}
+
+
+def _flat(outputs: Any) -> list[np.ndarray]:
+    return [np.asarray(o) for o in tf.nest.flatten(outputs)]
+
+
+def _max_diff(got: list[Any], expected: list[np.ndarray]) -> float:
+    if len(got) != len(expected):
+        return float("inf")
+    return max(float(np.max(np.abs(np.asarray(g) - e))) for g, e in zip(got, expected,
+                                                                         strict=True))

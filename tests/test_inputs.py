@@ -1,0 +1,284 @@
+"""Issue 19: any input structure a Keras model takes (one tensor, a tuple, a dict; numbers,
+integer ids, strings; variable length), and preprocessing adapted on the training split
+(a model builder's own `adapt`, and `dataset.preprocess.standardize`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import user_inputs
+from conftest import ROOT, compose, run_cli, stop_at
+
+from distlab.data import pipeline
+from distlab.errors import DistlabError
+
+USER = ("imports=[user_inputs]", "dataset.preprocess.rescale=null")
+# a dict of floats (standardized), a string category (StringLookup in the model) and
+# variable-length ids (padded per batch), on 2 replicas
+MIXED = (*USER, "dataset.name=mixed_data", "model.name=mixed_net",
+         "dataset.preprocess.standardize=true", "strategy.cpu_devices=2",
+         "dataset.batch_size_per_replica=16", "trainer.epochs=4", "optimizer.learning_rate=1e-2",
+         "deterministic=true", "seed=3", "trainer.export=true", "trainer.checkpoint_every=1")
+TEXT = (*USER, "dataset.name=text_data", "model.name=text_net", "strategy.cpu_devices=2",
+        "dataset.batch_size_per_replica=16", "trainer.epochs=2", "optimizer.learning_rate=1e-2",
+        "deterministic=true", "trainer.export=true")
+
+
+def _load(*overrides: str, replicas: int = 2) -> pipeline.Data:
+    cfg = compose(["dataset.shuffle_buffer=0", *overrides]).dataset
+    return pipeline.load(cfg, num_replicas=replicas, seed=0, steps_per_epoch=None)
+
+
+# ---- loading, batching and splitting structures (no training)
+def test_user_structures_load_pad_per_batch_and_split_over_replicas():
+    data = _load(*USER, "dataset.name=mixed_data", "dataset.batch_size_per_replica=4")
+    assert {k: (s.dtype.name, tuple(s.shape), s.name) for k, s in data.input_spec.items()} == {
+        "num": ("float32", (3,), "num"), "color": ("string", (), "color"),
+        "ids": ("int64", (None,), "ids")}
+    assert data.input_shape == {"num": (3,), "color": (), "ids": (None,)}
+    x, y = user_inputs.mixed_arrays(256, 0)
+    features, labels = next(iter(data.train_epochs(0, 1)))  # unshuffled: the first 8 rows
+    longest = max(len(row) for row in x["ids"][:8])
+    assert features["ids"].shape == (8, longest)  # padded to this batch's longest row, with 0
+    for row, padded in zip(x["ids"][:8], features["ids"].numpy(), strict=True):
+        np.testing.assert_array_equal(padded, np.pad(row, (0, longest - len(row))))
+    assert features["color"].dtype == tf.string and list(features["color"].numpy()) == [
+        c.encode() for c in x["color"][:8]]
+    np.testing.assert_array_equal(features["num"], x["num"][:8])
+    np.testing.assert_array_equal(labels, y[:8])
+
+    # a short batch of 3 rows over 2 replicas, and of 1 row (a padding row of weight 0)
+    for rows, sizes, weights in ((3, [2, 1], [4 / 3, 2 / 3]), (1, [1, 1], [2.0, 0.0])):
+        batch = tf.nest.map_structure(lambda t, n=rows: t[:n], (features, labels))
+        parts = [pipeline.replica_rows(batch, tf.constant(k, tf.int64), 2) for k in (0, 1)]
+        assert [int(p[2].shape[0]) for p in parts] == sizes
+        assert [float(p[2][0]) for p in parts] == pytest.approx(weights)
+        assert all(p[0]["ids"].shape[1] == longest for p in parts)  # the batch's padding
+        if rows == 3:
+            np.testing.assert_array_equal(
+                np.concatenate([p[0]["color"].numpy() for p in parts]),
+                features["color"].numpy()[:3])
+
+    stream = _load(*USER, "dataset.name=mixed_stream")  # a tf.data.Dataset of (dict, label)
+    assert sorted(stream.input_spec) == ["color", "num"]
+    pair = _load(*USER, "dataset.name=tuple_data")  # a tuple of inputs: named by position
+    assert pipeline.input_names(pair.input_spec) == ["0", "1"]
+    assert [s.dtype for s in pair.input_spec] == [tf.float32, tf.float32]  # float64 -> 32
+
+
+def test_preprocess_applies_to_float_inputs_or_the_named_ones():
+    x, _ = user_inputs.mixed_arrays(256, 0)
+    halved = _load(*USER, "dataset.name=mixed_data", "dataset.preprocess.rescale=2")
+    features, _ = next(iter(halved.train_epochs(0, 1)))
+    np.testing.assert_allclose(features["num"], x["num"][:128] / 2)
+    assert (features["ids"].dtype, features["color"].dtype) == (tf.int64, tf.string)
+    named = _load(*USER, "dataset.name=mixed_data", "dataset.preprocess.rescale=2",
+                  "dataset.preprocess.inputs=[ids]")
+    features, _ = next(iter(named.train_epochs(0, 1)))
+    assert features["ids"].dtype == tf.float32 and features["num"].dtype == tf.float32
+    np.testing.assert_array_equal(features["num"], x["num"][:128])  # not named: untouched
+    text = _load(*USER, "dataset.name=text_data")  # one string input: untouched
+    assert text.input_spec.dtype == tf.string and text.input_spec.name == "inputs"
+
+
+@pytest.fixture(scope="module")
+def reviews_dir(tmp_path_factory) -> Path:
+    """A tfds dataset with a text, a float and a variable-length feature."""
+    import tensorflow_datasets as tfds
+
+    rng = np.random.default_rng(3)
+
+    def split(n: int) -> tf.data.Dataset:
+        stars = rng.uniform(0, 5, n).astype(np.float32)
+        tokens = [rng.integers(1, 9, rng.integers(1, 5)) for _ in range(n)]
+
+        def rows():
+            for i in range(n):
+                yield {"text": f"{'good' if stars[i] > 2.5 else 'bad'} film {i}",
+                       "stars": stars[i], "tokens": tokens[i], "label": int(stars[i] > 2.5)}
+
+        return tf.data.Dataset.from_generator(rows, output_signature={
+            "text": tf.TensorSpec((), tf.string), "stars": tf.TensorSpec((), tf.float32),
+            "tokens": tf.TensorSpec((None,), tf.int64), "label": tf.TensorSpec((), tf.int64)})
+
+    features = tfds.features.FeaturesDict({
+        "text": tfds.features.Text(), "stars": tfds.features.Scalar(np.float32),
+        "tokens": tfds.features.Sequence(np.int64),
+        "label": tfds.features.ClassLabel(num_classes=2)})
+    data_dir = tmp_path_factory.mktemp("reviews")
+    tfds.dataset_builders.TfDataBuilder(
+        name="tiny_reviews", version="1.0.0", features=features, data_dir=str(data_dir),
+        split_datasets={"train": split(40), "test": split(16)}).download_and_prepare()
+    return data_dir
+
+
+def test_tfds_feature_list_gives_a_dict_and_the_disk_cache_keeps_it(reviews_dir, tmp_path):
+    args = ("dataset.name=tiny_reviews", f"dataset.data_dir={reviews_dir}",
+            "dataset.features.input=[text,stars,tokens]", "dataset.features.label=label",
+            f"dataset.cache_dir={tmp_path}", "dataset.cache=false",
+            "dataset.batch_size_per_replica=8")
+    first = _load(*args)  # writes the cache entries
+    assert len(list(tmp_path.glob("tiny_reviews-*/distlab-manifest.json"))) == 2
+    second = _load(*args)  # reads them back
+    assert {k: s.dtype.name for k, s in second.input_spec.items()} == {
+        "text": "string", "stars": "float32", "tokens": "int64"}
+    assert second.input_shape == {"text": (), "stars": (), "tokens": (None,)}
+    for a, b in zip(first.train_epochs(0, 1), second.train_epochs(0, 1), strict=True):
+        for got, want in zip(tf.nest.flatten(b), tf.nest.flatten(a), strict=True):
+            np.testing.assert_array_equal(got, want)
+    batch = next(iter(second.test))[0]
+    assert batch["text"].numpy()[0].startswith((b"good film", b"bad film"))
+    with pytest.raises(DistlabError, match=r"dataset.features.input='nope' is not a feature "
+                                           r"of tiny_reviews; its features: label, stars"):
+        _load(*args[:2], "dataset.features.input=[text,nope]", "dataset.features.label=label")
+
+
+def test_adapted_statistics_are_deterministic_and_follow_a_restore(tmp_path):
+    """Same data, same statistics; a checkpoint's restored mean and variance are used once
+    `refresh_adapted` ran (Keras keeps a copy made by adapt)."""
+    import keras
+
+    from distlab.components import models
+
+    data = _load(*USER, "dataset.name=breast_cancer", "dataset.preprocess.standardize=true")
+    a, b = models.standardization(data)["inputs"], models.standardization(data)["inputs"]
+    np.testing.assert_array_equal(a.adapt_mean.numpy(), b.adapt_mean.numpy())
+    x_train = user_inputs.breast_cancer_split()[0]
+    np.testing.assert_allclose(a.adapt_mean.numpy(), x_train.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(np.sqrt(a.adapt_variance.numpy()), x_train.std(0), rtol=1e-4)
+
+    def model(layer):
+        inputs = keras.Input((30,))
+        return keras.Model(inputs, layer(inputs))
+
+    saved = tf.train.Checkpoint(model=model(a)).save(str(tmp_path / "ckpt"))
+    other = keras.layers.Normalization()
+    other.adapt(x_train[:50] * 3)
+    restored = model(other)
+    tf.train.Checkpoint(model=restored).restore(saved).assert_existing_objects_matched()
+    assert not np.allclose(restored(x_train[:4]), a(x_train[:4]))  # adapt's stale copy
+    models.refresh_adapted(restored)
+    np.testing.assert_array_equal(restored(x_train[:4]), a(x_train[:4]))
+
+
+# ---- mistakes: one line naming the key, exit status 2
+@pytest.mark.parametrize("overrides,message", [
+    (("dataset.features.input=[image,nope]", "dataset.features.label=label"),
+     "dataset.features.input='nope' is not a feature of mnist"),
+    ((*USER, "dataset.name=mixed_data", "dataset.augment.flip=horizontal"),
+     "dataset.augment works on images (one input of shape (height, width, channels)); this "
+     "dataset's inputs are color: string (), ids: int64 (None,), num: float32 (3,)"),
+    (("imports=[user_inputs]", "dataset.name=text_data"),  # mnist's rescale: 255.0
+     "dataset.preprocess.rescale=255.0 cannot apply to this dataset's string input"),
+    ((*USER, "dataset.name=text_data", "dataset.preprocess.standardize=true"),
+     "dataset.preprocess.standardize=true cannot apply to this dataset's string input"),
+    ((*USER, "dataset.name=mixed_data", "dataset.preprocess.inputs=[color]"),
+     "dataset.preprocess.inputs names 'color', a string input"),
+    ((*USER, "dataset.name=mixed_data", "model=mlp"),
+     "model.name=mlp takes one numeric input tensor; this dataset's inputs are color: string"),
+    (("dataset.preprocess.standardize=true", "dataset.preprocess.mean=[0.5]"),
+     "dataset.preprocess.standardize=true computes the mean and std from the training split: "
+     "unset dataset.preprocess.mean"),
+], ids=["feature", "augment", "string-rescale", "string-standardize", "string-named",
+        "builtin-model", "standardize-and-mean"])
+def test_input_mistakes_are_one_line_naming_the_key(overrides, message, run_inprocess,
+                                                    tmp_path, caplog):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:
+        run_inprocess(*overrides, out=out)
+    assert stopped.value.code == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    error = (json.loads((out / "results.json").read_text())["error"]
+             if (out / "results.json").exists() else errors[-1])
+    assert message in error and "\n" not in error
+
+
+def test_a_string_input_with_rescale_exits_2_without_a_traceback(tiny_data_dir, tmp_path):
+    out = run_cli("imports=[user_inputs]", "dataset.name=text_data",
+                  f"dataset.data_dir={tiny_data_dir}", f"hydra.run.dir={tmp_path}",
+                  env={"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])},
+                  timeout=180)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stdout + out.stderr
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "rescale=255.0" in ln]
+    assert len(lines) == 1 and "string input" in lines[0]
+
+
+# ---- training: both loops, 2 replicas, exact resume, serving raw inputs
+def _served_accuracy(run_dir: Path, inputs: dict, labels: np.ndarray) -> float:
+    served = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    logits = served(**{k: tf.constant(v) for k, v in inputs.items()})["output_0"].numpy()
+    return float(np.mean(logits.argmax(-1) == labels))
+
+
+def _padded(rows: list) -> np.ndarray:
+    longest = max(len(r) for r in rows)
+    return np.stack([np.pad(r, (0, longest - len(r))) for r in rows]).astype(np.int64)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+@pytest.mark.parametrize("kind", ["mixed", "text"])
+def test_structured_models_train_in_both_loops_and_serve_raw_inputs(kind, loop, run_once):
+    results, run_dir = run_once(*(MIXED if kind == "mixed" else TEXT), f"loop={loop}")
+    assert (results["status"], results["num_replicas"]) == ("completed", 2)
+    assert results["export_max_abs_diff"] < 1e-4
+    if kind == "mixed":  # raw inputs: the client pads the ids (0), sends strings and floats
+        x, y = user_inputs.mixed_arrays(96, 1)
+        served = _served_accuracy(run_dir, {**x, "ids": _padded(x["ids"])}, y)
+        assert results["test_accuracy"] > 0.75
+    else:
+        texts, y = user_inputs.sentences(96, 1)
+        served = _served_accuracy(run_dir, {"inputs": texts}, y)
+        assert results["test_accuracy"] > 0.6
+    assert served == pytest.approx(results["test_accuracy"], abs=1e-9)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    with open(run_dir / "history.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_stopped_mid_epoch_then_rerun_equals_the_uninterrupted_run(run_once, run_inprocess,
+                                                                   monkeypatch, tmp_path):
+    """Adapted state (StringLookup re-adapted, Normalization restored) resumes exactly."""
+    args = (*MIXED, "loop=custom")
+    whole, whole_dir = run_once(*args)
+    out = tmp_path / "stopped"
+    stop_at(monkeypatch, epoch=1, step=3)
+    with pytest.raises(SystemExit) as stopped:
+        run_inprocess(*args, out=out)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    prefix = tf.train.latest_checkpoint(str(out / "checkpoints"))
+    mean = user_inputs.mixed_arrays(256, 0)[0]["num"].mean(0)
+    saved = [tf.train.load_variable(prefix, name) for name, shape in
+             tf.train.list_variables(prefix) if name.startswith("model/") and shape == [3]]
+    assert any(np.allclose(v, mean, rtol=1e-5) for v in saved)  # standardize's mean is in it
+    resumed = run_inprocess(*args, out=out)
+    for row, want in zip(_rows(out), _rows(whole_dir), strict=True):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            assert float(row[key]) == pytest.approx(float(want[key]), abs=1e-6), (row, key)
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_standardize_reaches_the_accuracy_of_pasted_statistics(run_inprocess):
+    x_train = user_inputs.breast_cancer_split()[0].astype(np.float64)
+    listed = {k: "[" + ",".join(f"{v:.9g}" for v in values) + "]"
+              for k, values in (("mean", x_train.mean(0)), ("std", x_train.std(0)))}
+    common = (*USER, "dataset.name=breast_cancer", "model=mlp", "model.hidden_units=[32]",
+              "strategy=default", "dataset.batch_size_per_replica=32", "trainer.epochs=10",
+              "optimizer.learning_rate=3e-3", "deterministic=true", "trainer.validate_every=0")
+    learned = run_inprocess(*common, "dataset.preprocess.standardize=true")
+    pasted = run_inprocess(*common, *(f"dataset.preprocess.{k}={v}" for k, v in listed.items()))
+    assert pasted["test_accuracy"] > 0.9
+    assert learned["test_accuracy"] == pytest.approx(pasted["test_accuracy"], abs=0.005)

@@ -32,7 +32,9 @@ TEXT = (*USER, "dataset.name=text_data", "model.name=text_net", "strategy.cpu_de
 
 
 def _load(*overrides: str, replicas: int = 2) -> pipeline.Data:
-    cfg = compose(["dataset.shuffle_buffer=0", *overrides]).dataset
+    """The data, unshuffled and (unless overridden) without a validation split held out, so
+    that the train stream is the builder's rows in order."""
+    cfg = compose(["dataset.shuffle_buffer=0", "dataset.validation=null", *overrides]).dataset
     return pipeline.load(cfg, num_replicas=replicas, seed=0, steps_per_epoch=None)
 
 
@@ -53,6 +55,12 @@ def test_user_structures_load_pad_per_batch_and_split_over_replicas():
         c.encode() for c in x["color"][:8]]
     np.testing.assert_array_equal(features["num"], x["num"][:8])
     np.testing.assert_array_equal(labels, y[:8])
+
+    # a validation split held out of structured inputs keeps their structure and dtypes
+    held = _load(*USER, "dataset.name=mixed_data", "dataset.validation=0.25")
+    assert held.num_train + held.num_validation == 256 and held.num_validation == 64
+    assert held.validation.element_spec[0]["color"].dtype == tf.string
+    assert sum(int(b[1].shape[0]) for b in held.validation) == 64
 
     # a short batch of 3 rows over 2 replicas, and of 1 row (a padding row of weight 0)
     for rows, sizes, weights in ((3, [2, 1], [4 / 3, 2 / 3]), (1, [1, 1], [2.0, 0.0])):

@@ -64,7 +64,8 @@ def test_digits_keras_fit_on_two_replicas(tmp_path):
     results = check_run_dir(tmp_path, ["accuracy"], epochs=3, export=True)
     assert (results["dataset"], results["loop"]) == ("digits", "keras_fit")
     assert (results["num_replicas"], results["global_batch_size"]) == (2, 64)
-    assert results["steps_per_epoch"] == 22  # 1347 train images (test_fraction 0.25) by 64
+    # 1347 train images (test_fraction 0.25), 0.1 of them held out for validation, by 64
+    assert results["num_validation"] == 136 and results["steps_per_epoch"] == 19  # 1211 by 64
     assert results["export_max_abs_diff"] < 1e-4
     assert results["test_accuracy"] > 0.85
 
@@ -76,7 +77,7 @@ def test_diabetes_custom_loop_reports_the_tasks_metrics(tmp_path):
     results = check_run_dir(tmp_path, metrics, epochs=3, export=False)
     assert (results["dataset"], results["loop"], results["num_replicas"]) == ("diabetes",
                                                                               "custom", 1)
-    assert results["objective"] == "test_mae"  # the task's first metric
+    assert results["objective"] == "val_mae"  # the task's first metric, on validation
     assert "test_accuracy" not in results
     mae, rmse, hits = (results[f"test_{m}"] for m in metrics)
     assert 0 < mae <= rmse < 1.5  # standardised target: a fit beats predicting the mean (1)

@@ -132,7 +132,10 @@ def test_sigterm_mid_epoch_then_rerun_matches_the_uninterrupted_run(loop, tiny_d
     proc = _start(*args, f"hydra.run.dir={b}")
     try:
         deadline = time.time() + 180
-        while not (b / "history.csv").exists() or len(_history(b)) < 1:
+        # epoch 1's row and its checkpoint (then the signal lands in epoch 2, however slow
+        # the machine is)
+        while (not (b / "history.csv").exists() or len(_history(b)) < 1
+               or not list(b.glob("checkpoints/ckpt-*.index"))):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.time() < deadline, "timed out waiting for epoch 1"
             time.sleep(0.05)

@@ -74,7 +74,7 @@ def test_evaluation_does_not_depend_on_the_replica_count(run_inprocess, tmp_path
 def test_odd_batch_on_two_replicas_custom_loop(run_inprocess):
     # 512 rows in global batches of 66: the last has 50 rows (25 each); batch 33 per replica,
     # trained as one replica trains batches of 66
-    common = ("loop=custom", "trainer.epochs=1", "deterministic=true")
+    common = ("loop=custom", "trainer.epochs=1", "deterministic=true", "dataset.validation=null")
     r = run_inprocess(*common, "dataset.batch_size_per_replica=33", "strategy.cpu_devices=2")
     assert r["status"] == "completed" and r["global_batch_size"] == 66
     assert r["steps_per_epoch"] == 8  # 7 x 66 + 50

@@ -257,7 +257,7 @@ def test_optuna_search_runs_trials(tiny_data_dir, tmp_path):
     for row in rows:
         assert 1e-4 <= float(row["optimizer.learning_rate"]) <= 1e-2
         assert row["dataset.batch_size_per_replica"] in ("32", "64", "128", "256")
-    assert best.best_value == pytest.approx(max(float(r["test_accuracy"]) for r in rows))
+    assert best.best_value == pytest.approx(max(float(r["val_accuracy"]) for r in rows))
     results = json.loads((tmp_path / "0" / "results.json").read_text())
     assert results["learning_rate"] == pytest.approx(float(rows[0]["optimizer.learning_rate"]))
 

@@ -24,14 +24,15 @@ def test_regression_parity_across_loops_and_replicas(run_inprocess):
     feature names and a float label; results and history use the task's metric names."""
     runs = {(loop, replicas): run_inprocess(
         *REGRESSION, f"loop={loop}", f"strategy.cpu_devices={replicas}",
-        f"dataset.batch_size_per_replica={64 // replicas}", "objective=test_rmse")
+        f"dataset.batch_size_per_replica={64 // replicas}", "objective=val_rmse")
         for loop in ("keras_fit", "custom") for replicas in (1, 2)}
     reference = runs[("custom", 1)]
-    assert {"test_loss", "test_mae", "test_rmse"} <= set(reference)
-    assert "test_accuracy" not in reference
+    assert {"test_loss", "test_mae", "test_rmse", "val_loss", "val_rmse"} <= set(reference)
+    assert "test_accuracy" not in reference and reference["objective"] == "val_rmse"
     assert reference["test_rmse"] == pytest.approx(np.sqrt(reference["test_loss"]), rel=1e-6)
+    assert reference["validation"].endswith("(dataset.validation_seed=0)")  # not stratified
     for key, results in runs.items():
-        for field in ("test_loss", "test_mae", "test_rmse"):
+        for field in ("test_loss", "test_mae", "test_rmse", "val_loss", "val_rmse"):
             assert results[field] == pytest.approx(reference[field], abs=1e-5), (key, field)
 
 
@@ -112,7 +113,7 @@ USER = ["dataset.preprocess.rescale=null", "model=mlp", "model.hidden_units=[8]"
 @pytest.mark.slow
 @pytest.mark.parametrize("builder", ["arrays", "datasets"])
 def test_user_dataset_builder(user_package, run_inprocess, builder):
-    results = run_inprocess(*USER, f"dataset.name=user_data:{builder}")
+    results = run_inprocess(*USER, f"dataset.name=user_data:{builder}", "dataset.validation=null")
     assert results["dataset"] == f"user_data:{builder}"
     assert results["steps_per_epoch"] == 7  # 200 rows by 32, a short last batch
     assert results["test_accuracy"] > 0.8

@@ -85,8 +85,10 @@ def validate(cfg: DictConfig) -> None:
                           "neither")
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
-    validation = cfg.dataset.validation
-    if validation is not None and str(validation).strip() == cfg.dataset.test_split:
+    # a user dataset's node gets its registered schema (and these defaults) after this check
+    validation = OmegaConf.select(cfg, "dataset.validation", default="auto")
+    test_split = OmegaConf.select(cfg, "dataset.test_split", default="test")
+    if validation is not None and str(validation).strip() == test_split:
         raise ConfigError(f"dataset.validation={validation!r} is the test split, which only "
                           "reports and never chooses: use auto, a fraction of the train split "
                           "(0.1), another split, or null (with trainer.test_every=1 for a "

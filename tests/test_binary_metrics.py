@@ -4,8 +4,13 @@ as monitors and objectives with their own direction; config refusals in one line
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import keras
@@ -347,3 +352,228 @@ def test_binary_labels_and_model_outputs_are_checked():
     for task, outputs in ((probabilities, p), (logits, tf.math.log(p / (1 - p)))):
         accuracy = task.metrics[0]
         assert accuracy.per_example(y, outputs).numpy().tolist() == [1, 1, 0, 0]
+
+
+# --------------------------------------------------------------------------- training runs
+
+BINARY = ("dataset.name=breast_cancer", "dataset.features.input=features",
+          "dataset.features.label=label", "dataset.preprocess.rescale=null", "task=binary",
+          "model=mlp", "model.hidden_units=[16]", "deterministic=true", "seed=3")
+STATEFUL = ("auc", "precision", "recall")
+
+
+@pytest.fixture(scope="session")
+def binary_data(tiny_data_dir) -> Path:
+    """tiny_data_dir (the runs' dataset.data_dir) with `breast_cancer` in it too."""
+    if not (tiny_data_dir / "breast_cancer").exists():
+        write_breast_cancer(tiny_data_dir)
+    return tiny_data_dir
+
+
+def _history(run_dir: Path) -> list[dict[str, float]]:
+    with open(run_dir / "history.csv", newline="") as f:
+        return [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _split(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    import tensorflow_datasets as tfds
+
+    rows = list(tfds.builder("breast_cancer", data_dir=str(data_dir)).as_dataset(
+        split=split, shuffle_files=False).as_numpy_iterator())
+    return (np.stack([r["features"] for r in rows]), np.array([r["label"] for r in rows]))
+
+
+def _probabilities(run_dir: Path, x: np.ndarray, logits: bool = True) -> np.ndarray:
+    """The run's latest checkpoint's predictions on `x`, on one device, as probabilities."""
+    import tensorflow as tf
+    from conftest import compose
+
+    from distlab.components import models
+
+    twin = models.build(compose(list(BINARY)).model, (30,), 1)
+    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    tf.train.Checkpoint(model=twin).restore(latest).expect_partial()
+    outputs = twin(x, training=False).numpy()[:, 0]
+    return 1 / (1 + np.exp(-outputs.astype(np.float64))) if logits else outputs
+
+
+def _one_device(y: np.ndarray, p: np.ndarray) -> dict[str, float]:
+    """accuracy, AUC, precision, recall as one device's keras.metrics compute them."""
+    figures = {"accuracy": float(np.mean((p > 0.5) == (y == 1)))}
+    for name, metric in (("auc", keras.metrics.AUC(num_thresholds=1000)),
+                         ("precision", keras.metrics.Precision()),
+                         ("recall", keras.metrics.Recall())):
+        metric.update_state(y.astype(np.float32), p.astype(np.float32))
+        figures[name] = float(metric.result())
+    return figures
+
+
+def _tags(events: Path) -> set[str]:
+    import tensorflow as tf
+
+    return {value.tag for path in events.glob("events.out.tfevents.*")
+            for event in tf.compat.v1.train.summary_iterator(str(path))
+            for value in event.summary.value}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_binary_figures_equal_one_device_keras_and_sklearn_on_1_2_3_replicas(
+        loop, binary_data, run_inprocess, tmp_path):
+    """A frozen model (learning rate 1e-30: the weights do not move) trained one epoch on 194
+    rows and tested on 194, in global batches of 64 per replica: on 3 replicas both end with
+    192 rows then 2 (a padding row). The train, validation and test figures are the one-device
+    keras.metrics figures of the checkpoint's predictions, and sklearn's."""
+    from sklearn.metrics import precision_score, recall_score, roc_auc_score
+
+    x_train, y_train = _split(binary_data, "train[:194]")
+    x_test, y_test = _split(binary_data, "test")
+    frozen = ("optimizer.learning_rate=1e-30", "trainer.epochs=1",
+              "dataset.train_split='train[:194]'", "dataset.batch_size_per_replica=64")
+    for replicas in (1, 2, 3):
+        out = tmp_path / f"r{replicas}"
+        results = run_inprocess(*BINARY, *frozen, f"loop={loop}",
+                                f"strategy.cpu_devices={replicas}", out=out)
+        assert results["num_replicas"] == replicas
+        row = _history(out)[0]
+        p_train = _probabilities(out, x_train)
+        p_test = _probabilities(out, x_test)
+        train, test = _one_device(y_train, p_train), _one_device(y_test, p_test)
+        for name in ("accuracy", *STATEFUL):
+            assert row[name] == pytest.approx(train[name], abs=1e-6), (replicas, name)
+            assert row[f"val_{name}"] == pytest.approx(test[name], abs=1e-6), (replicas, name)
+            assert results[f"test_{name}"] == pytest.approx(test[name], abs=1e-7), (replicas, name)
+        for y, p, figures in ((y_train, p_train, train), (y_test, p_test, test)):
+            assert figures["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
+            assert figures["precision"] == pytest.approx(precision_score(y, p > 0.5), abs=1e-7)
+            assert figures["recall"] == pytest.approx(recall_score(y, p > 0.5), abs=1e-7)
+    assert results["objective"] == "test_accuracy"
+    assert {f"epoch_{m}" for m in ("loss", "accuracy", *STATEFUL)} <= _tags(out / "logs" / "train")
+    assert {f"epoch_{m}" for m in STATEFUL} <= _tags(out / "logs" / "validation")
+    if loop == "custom":  # the 1-replica checkpoint, evaluated on 3 replicas
+        evaluated = run_inprocess(*BINARY, "mode=evaluate", f"ckpt_path={tmp_path / 'r1'}",
+                                  "strategy.cpu_devices=3", out=tmp_path / "eval")
+        for name in ("loss", "accuracy", *STATEFUL):
+            assert evaluated[f"test_{name}"] == pytest.approx(
+                json.loads((tmp_path / "r1" / "results.json").read_text())[f"test_{name}"],
+                abs=1e-7), name
+
+
+FIGURES = ("loss", "accuracy", *STATEFUL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop, options, stop", [
+    ("custom", ("strategy=default",), 5),
+    ("keras_fit", ("strategy=default",), 5),
+    ("keras_fit", ("strategy.cpu_devices=2",), 4),
+    ("custom", ("strategy.cpu_devices=3", "loop.steps_per_loop=2"), 2),  # 4 steps an epoch
+], ids=["custom", "keras_fit", "keras_fit-2replicas", "custom-3replicas-steps_per_loop"])
+def test_a_binary_run_resumed_mid_epoch_records_the_uninterrupted_rows(
+        loop, options, stop, binary_data, run_inprocess, monkeypatch, tmp_path):
+    """Stopped (as by SIGTERM) mid-epoch 2 and rerun: every row, train and validation, AUC,
+    precision and recall included, is the uninterrupted run's; so are the test figures."""
+    from conftest import stop_at
+
+    args = (*BINARY, f"loop={loop}", *options, "trainer.epochs=3",
+            "dataset.batch_size_per_replica=32", "optimizer.learning_rate=0.003",
+            "trainer.best_checkpoint.metric=val_auc")
+    whole = run_inprocess(*args, out=tmp_path / "a")
+    stop_at(monkeypatch, epoch=1, step=stop)
+    with pytest.raises(SystemExit) as stopped:
+        run_inprocess(*args, out=tmp_path / "b")
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert json.loads((tmp_path / "b" / "results.json").read_text())["steps_in_epoch"] == stop
+    monkeypatch.undo()
+    resumed = run_inprocess(*args, out=tmp_path / "b")
+
+    rows, wanted = _history(tmp_path / "b"), _history(tmp_path / "a")
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    for row, want in zip(rows, wanted, strict=True):
+        for key in (*FIGURES, *(f"val_{m}" for m in FIGURES)):
+            assert row[key] == pytest.approx(want[key], abs=1e-6), (row["epoch"], key)
+    for key in (*(f"test_{m}" for m in FIGURES), "best_value", "best_epoch"):
+        assert resumed[key] == pytest.approx(whole[key], abs=1e-6), key
+
+
+def log_loss(cfg, task):
+    """A user's stateful metric that ranks down (Keras' BinaryCrossentropy: its own direction),
+    by import path: task.metrics=[..., test_binary_metrics:log_loss]; its [batch] labels shaped
+    like the model's [batch, 1] outputs."""
+    from distlab import Metric
+    from distlab.components.tasks import aligned
+
+    return Metric("log_loss", keras.metrics.BinaryCrossentropy(), prepare=aligned)
+
+
+@pytest.mark.slow
+def test_monitors_and_objective_follow_each_stateful_metric_s_direction(binary_data,
+                                                                         run_inprocess, tmp_path):
+    """Early stopping and a target on val_auc (up), the best checkpoint on a user's val_log_loss
+    (down, Keras' own direction), the objective test_log_loss (minimised); a sigmoid model."""
+    out = tmp_path / "run"
+    results = run_inprocess(
+        *BINARY, "loop=custom", "strategy=default", "model.output_activation=sigmoid",
+        "task.metrics=[accuracy,auc,test_binary_metrics:log_loss]", "trainer.epochs=6",
+        "optimizer.learning_rate=0.003", "dataset.batch_size_per_replica=32",
+        "trainer.early_stopping.metric=val_auc", "trainer.early_stopping.patience=1",
+        "trainer.target.metric=val_auc", "trainer.target.value=0.95",
+        "trainer.best_checkpoint.metric=val_log_loss", "objective=test_log_loss", out=out)
+    rows = _history(out)
+    val_auc = [r["val_auc"] for r in rows]
+    val_log_loss = [r["val_log_loss"] for r in rows]
+    assert len(set(val_log_loss)) > 1 and len(set(val_auc)) > 1
+    assert (results["objective"], results["objective_direction"]) == ("test_log_loss", "minimize")
+    assert results["test_log_loss"] == pytest.approx(results["test_loss"], rel=1e-4)
+    assert results["best_metric"] == "val_log_loss"
+    assert results["best_epoch"] == 1 + int(np.argmin(val_log_loss))
+    assert (out / "checkpoints" / "best" / f"ckpt-{results['best_epoch']}.index").exists()
+    reached = [i + 1 for i, v in enumerate(val_auc) if v >= 0.95]
+    assert results["epochs_to_target"] == (reached[0] if reached else None)
+    # early stopping on val_auc going up, patience 1: the first epoch that does not beat the best
+    best, stop = -1.0, None
+    for epoch, value in enumerate(val_auc, 1):
+        if value > best:
+            best = value
+        else:
+            stop = epoch
+            break
+    assert (results.get("stopped_early") or {}).get("epoch") == stop
+    assert len(rows) == (stop or 6)
+
+
+@pytest.mark.slow
+def test_sigterm_mid_epoch_then_rerun_gives_the_uninterrupted_rows(binary_data, tmp_path):
+    """The real signal, in `python run.py` (loop=keras_fit: fit resets its metrics when the
+    resumed epoch starts, so the checkpoint's state is added to the resumed steps')."""
+    from conftest import ROOT, fast_overrides, run_cli
+
+    args = [*fast_overrides(binary_data), *BINARY, "loop=keras_fit", "strategy=default",
+            "trainer.steps_per_epoch=300", "dataset.batch_size_per_replica=16"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    out = run_cli(*args, f"hydra.run.dir={a}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    proc = subprocess.Popen([sys.executable, "run.py", *args, f"hydra.run.dir={b}"], cwd=ROOT,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while not (b / "history.csv").exists() or len(_history(b)) < 1:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.time() < deadline, "timed out waiting for epoch 1"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert json.loads((b / "results.json").read_text())["steps_in_epoch"] > 0
+    out = run_cli(*args, f"hydra.run.dir={b}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    rows, wanted = _history(b), _history(a)
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for row, want in zip(rows, wanted, strict=True):
+        for key in (*FIGURES, *(f"val_{m}" for m in FIGURES)):
+            assert row[key] == pytest.approx(want[key], abs=1e-6), (row["epoch"], key)

@@ -307,7 +307,7 @@ def test_the_command_refuses_an_unknown_metric_with_exit_2_and_no_traceback(tmp_
 def test_binary_on_ten_classes_is_refused_in_one_line(run_inprocess, tmp_path):
     out = tmp_path / "ten"
     with pytest.raises(SystemExit) as refused:
-        run_inprocess("task=binary", "strategy=default", out=out)
+        run_inprocess("task=binary", "strategy=default", "dataset.disk_cache=false", out=out)
     assert refused.value.code == 2
     error = json.loads((out / "results.json").read_text())["error"]
     assert error == ("task=binary needs 0/1 labels, but dataset mnist's labels are 10 classes: "
@@ -577,3 +577,30 @@ def test_sigterm_mid_epoch_then_rerun_gives_the_uninterrupted_rows(binary_data, 
     for row, want in zip(rows, wanted, strict=True):
         for key in (*FIGURES, *(f"val_{m}" for m in FIGURES)):
             assert row[key] == pytest.approx(want[key], abs=1e-6), (row["epoch"], key)
+
+
+def test_a_registered_metric_is_named_by_its_registered_name():
+    import tensorflow as tf
+    from conftest import compose
+
+    import distlab
+    from distlab.components import tasks
+    from distlab.config.checks import check_metric_names
+    from distlab.registry import METRICS
+    from distlab.training.metrics import StatefulMetrics
+
+    @distlab.register("metric", "iou")
+    def iou(cfg, task):  # a stateful Keras metric, as the builder returns it
+        return keras.metrics.MeanIoU(num_classes=10, sparse_y_pred=False)
+
+    try:
+        cfg = compose(["task.metrics=[accuracy,iou]"])
+        check_metric_names(cfg)
+        task = tasks.build(cfg.task)
+        assert [(m.name, m.stateful, m.higher_is_better) for m in task.metrics] == [
+            ("accuracy", False, True), ("iou", True, True)]
+        metrics = StatefulMetrics(task, tf.distribute.get_strategy())
+        assert metrics.size == 100  # its 10 x 10 confusion matrix
+    finally:
+        METRICS._items.pop("iou", None)
+        METRICS._origin.pop("iou", None)

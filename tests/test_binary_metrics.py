@@ -604,3 +604,18 @@ def test_a_registered_metric_is_named_by_its_registered_name():
     finally:
         METRICS._items.pop("iou", None)
         METRICS._origin.pop("iou", None)
+
+
+def test_a_run_started_before_task_metrics_existed_is_not_refused_on_rerun():
+    from conftest import compose
+    from omegaconf import OmegaConf
+
+    from distlab.config import training_diff
+
+    for task in ("classification", "regression"):
+        now = OmegaConf.to_container(compose([f"task={task}"]), resolve=True)
+        started = OmegaConf.to_container(compose([f"task={task}"]), resolve=True)
+        del started["task"]["metrics"]  # .distlab/config.yaml of an earlier distlab
+        assert training_diff(started, now) == []
+        now["task"]["metrics"] = ["accuracy"] if task == "regression" else ["accuracy", "auc"]
+        assert training_diff(started, now) == ["task.metrics"]  # other metrics: a new run

@@ -207,7 +207,7 @@ def test_help_lists_the_option_groups_and_no_internal_schema():
     out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     groups = out.stdout.split("== Config ==")[0]
-    assert "task: classification, regression" in groups and "model: " in groups, out.stdout
+    assert "task: binary, classification, regression" in groups and "model: " in groups, out.stdout
     assert "schema" not in groups
 
 

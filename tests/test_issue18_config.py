@@ -75,7 +75,9 @@ def test_builtin_task_metric_table_matches_the_tasks():
     from distlab.components import tasks
     from distlab.launch.results import builtin_task_metrics
 
-    for overrides in ([], ["task.top_k=5"], ["task=regression"]):
+    for overrides in ([], ["task.top_k=5"], ["task=regression"], ["task=binary"],
+                      ["task=binary", "task.metrics=[f1,accuracy]"],
+                      ["task=regression", "task.metrics=[rmse]"]):
         task_cfg = compose(overrides).task
         built = tasks.build(task_cfg)
         assert builtin_task_metrics(task_cfg) == {m.name: m.higher_is_better

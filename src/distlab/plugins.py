@@ -17,6 +17,7 @@ from importlib.metadata import entry_points
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from distlab.config.checks import check_metric_names
 from distlab.errors import ConfigError, DistlabError, described, first_line
 from distlab.registry import DATASETS, REGISTRIES, is_tfds_name
 
@@ -81,6 +82,7 @@ def check(cfg: DictConfig) -> None:
             checked = check_schema(group, node, schema)
             with open_dict(cfg):
                 cfg[group] = checked
+    check_metric_names(cfg)  # task.metrics: distlab's, registered or import paths
 
 
 def check_schema(group: str, node: DictConfig, schema: type) -> DictConfig:

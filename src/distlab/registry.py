@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distlab.errors import DistlabError, described
+from distlab.launch.results import BUILTIN_METRICS, BUILTIN_TASKS
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -162,7 +163,7 @@ MODELS = Registry("model", ("cfg", "input_shape", "outputs"), {
     for name in ("cnn", "mlp", "resnet", "keras_applications")},
     optional=("input_spec", "train_inputs"))
 TASKS = Registry("task", ("cfg",), {
-    name: f"distlab.components.tasks:{name}" for name in ("classification", "regression")})
+    name: f"distlab.components.tasks:{name}" for name in BUILTIN_TASKS})
 OPTIMIZERS = Registry("optimizer", ("cfg", "learning_rate"), {
     name: f"distlab.components.optimizers:{name}" for name in ("adam", "sgd", "rmsprop")})
 SCHEDULES = Registry("schedule", ("cfg", "base", "steps_per_epoch", "epochs"), {
@@ -171,9 +172,12 @@ SCHEDULES = Registry("schedule", ("cfg", "base", "steps_per_epoch", "epochs"), {
 LOOPS = Registry("loop", ("exp",), {
     "keras_fit": "distlab.training.loops.keras_fit:KerasFitLoop",
     "custom": "distlab.training.loops.custom:CustomLoop"})
+# task.metrics names: f(cfg, task) -> a distlab Metric or a keras.metrics.Metric
+METRICS = Registry("metric", ("cfg", "task"), {
+    name: f"distlab.components.metrics:{name}" for name in BUILTIN_METRICS})
 
 REGISTRIES: dict[str, Registry] = {r.group: r for r in (
-    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS)}
+    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS, METRICS)}
 
 
 def register(group: str, name: str, fn: Callable | None = None, *,

@@ -201,15 +201,16 @@ def build(cfg: DictConfig, input_shape: Any, outputs: int, **optional: Any) -> k
     return float32_outputs(model)
 
 
-def build_for(cfg: DictConfig, data: Data) -> keras.Model:
-    """The model for `data`: the builder gets its input shape (and `input_spec` and
+def build_for(cfg: DictConfig, data: Data, outputs: int | None = None) -> keras.Model:
+    """The model for `data` with `outputs` units (default: the data's classes or values per
+    example; task=binary: 1): the builder gets its input shape (and `input_spec` and
     `train_inputs` if it declares them); with `dataset.preprocess.standardize`, Normalization
     layers adapted on the training split come first, and `train_inputs` are standardized."""
     layers = standardization(data)
     train_inputs = data.train_inputs()
     if layers:
         train_inputs = train_inputs.map(lambda x: standardize(x, layers, data.input_spec))
-    model = build(cfg, data.input_shape, data.outputs, input_spec=data.input_spec,
+    model = build(cfg, data.input_shape, outputs or data.outputs, input_spec=data.input_spec,
                   train_inputs=train_inputs)
     if not layers:
         return model

@@ -1,62 +1,139 @@
 """The `task` group: the loss and the metrics, one definition used by both loops.
 
-A task gives a per-example loss and per-example metrics. `loop=keras_fit` compiles them
-(weighted by distlab's row weights); `loop=custom` and evaluation sum them over real rows
-across replicas in float64. A metric's reported value is `finalize(mean over examples)`
-(e.g. RMSE is the square root of the mean squared error).
+A task gives a per-example loss and its metrics, of two kinds. A per-example `Metric`
+(`per_example(y_true, y_pred)` -> one value per example) is summed over real rows across
+replicas in float64 by both loops and evaluation; its reported value is `finalize(mean over
+examples)` (e.g. RMSE is the square root of the mean squared error). A stateful
+`keras.metrics.Metric` (AUC, Precision, F1Score, a user's subclass), bare or wrapped in a
+`Metric`, is updated per replica on the real rows and read across replicas
+(`distlab.training.metrics`). `task.metrics` names built-in or registered metrics
+(`distlab.components.metrics`, the `metric` registry).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab.errors import DistlabError
 
 PerExample = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (y_true, y_pred) -> [batch]
+Prepare = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
 
 
 @dataclass
 class Metric:
-    """A metric reported as `finalize(mean of per_example over the examples)`;
-    `higher_is_better` tells sweeps (best job, Optuna's default) which way to rank it."""
+    """A task metric. `per_example`: a function `(y_true, y_pred) -> [batch]`, reported as
+    `finalize(mean over the examples)`; or a stateful `keras.metrics.Metric` object, reported
+    as `finalize(result())` over the examples. `higher_is_better` tells the monitors and sweeps
+    which way to rank it (None: True, or for a Keras metric its own direction: losses and
+    errors such as `keras.metrics.BinaryCrossentropy` go down). `prepare(y_true, y_pred)`, if
+    given, maps the labels and the model's outputs before the metric sees them."""
 
     name: str
-    per_example: PerExample
+    per_example: PerExample | keras.metrics.Metric
     finalize: Callable[[float], float] = float
-    higher_is_better: bool = True
+    higher_is_better: bool | None = None
+    prepare: Prepare | None = None
+
+    def __post_init__(self) -> None:
+        if self.higher_is_better is None:
+            self.higher_is_better = (keras_direction(self.per_example) if self.stateful
+                                     else True)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether this is a stateful keras.metrics.Metric (else a per-example function)."""
+        return isinstance(self.per_example, keras.metrics.Metric)
+
+    def inputs(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """(y_true, y_pred) as the metric takes them (`prepare`d, if given)."""
+        return (y_true, y_pred) if self.prepare is None else self.prepare(y_true, y_pred)
+
+
+def keras_direction(metric: keras.metrics.Metric) -> bool:
+    """Whether a larger value of a Keras metric is better: its `higher_is_better` attribute
+    if it has one, else Keras' own direction (`_direction`: "down" for losses and errors),
+    else True."""
+    explicit = getattr(metric, "higher_is_better", None)
+    if explicit is not None:
+        return bool(explicit)
+    return getattr(metric, "_direction", "up") != "down"
+
+
+def as_metric(item: Any, where: str) -> Metric:
+    """A task's metrics entry as a `Metric` (a bare keras.metrics.Metric keeps its name)."""
+    if isinstance(item, Metric):
+        per_example = item.per_example
+        if not (isinstance(per_example, keras.metrics.Metric) or callable(per_example)):
+            raise DistlabError(f"{where}: Metric {item.name!r} holds a "
+                               f"{type(per_example).__name__}; give it a per-example function "
+                               "(y_true, y_pred) -> [batch] or a keras.metrics.Metric")
+        return item
+    if isinstance(item, keras.metrics.Metric):
+        return Metric(item.name, item)
+    raise DistlabError(f"{where}: a task's metrics are distlab Metric(name, per_example) or "
+                       f"keras.metrics.Metric objects, not {type(item).__name__}")
 
 
 @dataclass
 class Task:
     """What a model is trained and scored on.
 
-    `loss(y_true, y_pred)` returns the per-example loss. `from_logits=None` means "as the
-    model outputs": distlab sets it from the model's last activation before training.
-    `labels`: "classes", "values" or "any": what the dataset's labels must be.
+    `loss(y_true, y_pred)` returns the per-example loss. `metrics`: `Metric`s and stateful
+    `keras.metrics.Metric` objects (see `Metric`). `from_logits=None` means "as the model
+    outputs": distlab sets it from the model's last activation before training.
+    `labels`: "classes", "values", "binary" (0/1) or "any": what the dataset's labels must be.
+    `outputs`: the units of the model's output (None: the dataset's classes or values).
     """
 
     loss: PerExample
     metrics: list[Metric] = field(default_factory=list)
     from_logits: bool | None = None
     labels: str = "any"
+    outputs: int | None = None
 
     @property
     def metric_names(self) -> list[str]:
         return [m.name for m in self.metrics]
 
 
+def configured_metrics(cfg: DictConfig, task: Task) -> list[Metric]:
+    """The metrics `cfg.metrics` names (built-in, registered, or import paths), each built by
+    the `metric` registry as `f(cfg, task)`; a registered name is the metric's name."""
+    from distlab.registry import METRICS, is_import_path
+
+    metrics = []
+    for i, name in enumerate(cfg.get("metrics") or []):
+        where = f"task.metrics[{i}]={name!r}"
+        try:
+            built = METRICS.get(name)(cfg, task)
+        except DistlabError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a user's builder: one line naming the key
+            from distlab.errors import described
+
+            raise DistlabError(f"{where} failed: {described(e)}") from None
+        metric = as_metric(built, where)
+        if not is_import_path(name):
+            metric.name = name
+        metrics.append(metric)
+    return metrics
+
+
 def classification(cfg: DictConfig) -> Task:
-    """Sparse categorical cross-entropy; accuracy and, with `top_k`, top-k accuracy."""
+    """Sparse categorical cross-entropy; `metrics` (default: accuracy) and, with `top_k`,
+    top-k accuracy."""
     task = Task(loss=lambda y, p: keras.losses.sparse_categorical_crossentropy(
         y, p, from_logits=bool(task.from_logits)), from_logits=cfg.get("from_logits"),
         labels="classes")
-    task.metrics.append(Metric("accuracy", keras.metrics.sparse_categorical_accuracy))
+    task.metrics = configured_metrics(cfg, task)
     if cfg.get("top_k"):
         k = int(cfg.top_k)
         task.metrics.append(Metric(f"top{k}_accuracy", lambda y, p: (
@@ -65,20 +142,29 @@ def classification(cfg: DictConfig) -> Task:
 
 
 def regression(cfg: DictConfig) -> Task:
-    """Mean squared error; MAE and RMSE. Labels of shape [batch] or [batch, outputs]."""
+    """Mean squared error; `metrics` (default: MAE and RMSE). Labels of shape [batch] or
+    [batch, outputs]."""
     def squared(y, p):
-        return keras.losses.mean_squared_error(*_aligned(y, p))
+        return keras.losses.mean_squared_error(*aligned(y, p))
 
-    def absolute(y, p):
-        return keras.losses.mean_absolute_error(*_aligned(y, p))
-
-    return Task(loss=squared, metrics=[
-        Metric("mae", absolute, higher_is_better=False),
-        Metric("rmse", squared, finalize=math.sqrt, higher_is_better=False)],
-                from_logits=False, labels="values")
+    task = Task(loss=squared, from_logits=False, labels="values")
+    task.metrics = configured_metrics(cfg, task)
+    return task
 
 
-def _aligned(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+def binary(cfg: DictConfig) -> Task:
+    """Binary cross-entropy on 0/1 labels (ints or floats) and a model with one output unit (a
+    logit, or a sigmoid probability); `metrics` (default: accuracy at probability 0.5, AUC,
+    precision, recall)."""
+    def loss(y, p):
+        return keras.losses.binary_crossentropy(*aligned(y, p), from_logits=bool(task.from_logits))
+
+    task = Task(loss=loss, from_logits=cfg.get("from_logits"), labels="binary", outputs=1)
+    task.metrics = configured_metrics(cfg, task)
+    return task
+
+
+def aligned(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Float labels shaped like the predictions ([batch] labels for a [batch, 1] output)."""
     y = tf.cast(y, p.dtype)
     if y.shape.rank == p.shape.rank - 1:
@@ -95,8 +181,13 @@ def outputs_probabilities(model: keras.Model) -> bool:
     return activation in (keras.activations.softmax, keras.activations.sigmoid)
 
 
-def check_labels(task: Task, name: str, dataset: str, classes: bool) -> None:
-    """Refuse a task whose labels the dataset does not have, in one line."""
+def check_labels(task: Task, name: str, dataset: str, classes: bool, outputs: int | None = None,
+                 sample: Callable[[], np.ndarray] | None = None) -> None:
+    """Refuse, in one line, a task whose labels the dataset does not have. `outputs`: the
+    dataset's classes or values per example; `sample()`: some of its labels (task=binary on
+    value labels checks that they are 0 or 1)."""
+    if task.labels == "binary":
+        _check_binary(name, dataset, classes, outputs, sample)
     if task.labels == "classes" and not classes:
         raise DistlabError(f"task={name} needs class labels, but dataset {dataset}'s labels are "
                            "values (float, or no num_classes): use task=regression")
@@ -105,18 +196,51 @@ def check_labels(task: Task, name: str, dataset: str, classes: bool) -> None:
                            "classes: use task=classification")
 
 
+def _check_binary(name: str, dataset: str, classes: bool, outputs: int | None,
+                  sample: Callable[[], np.ndarray] | None) -> None:
+    if classes and outputs not in (None, 2):
+        raise DistlabError(f"task={name} needs 0/1 labels, but dataset {dataset}'s labels are "
+                           f"{outputs} classes: use task=classification")
+    if classes:
+        return
+    if outputs not in (None, 1):
+        raise DistlabError(f"task={name} needs one 0/1 label per example, but dataset "
+                           f"{dataset}'s labels have {outputs} values: use task=regression")
+    values = np.unique(sample()) if sample is not None else np.array([])
+    other = values[~np.isin(values, (0, 1))]
+    if other.size:
+        raise DistlabError(f"task={name} needs 0/1 labels, but dataset {dataset}'s labels "
+                           f"include {other[0]:g}: use task=regression for value labels")
+
+
 def build(cfg: DictConfig) -> Task:
-    """The task `cfg.name` names (its `from_logits` may still be None: see `settle`)."""
+    """The task `cfg.name` names (its `from_logits` may still be None: see `settle`); its
+    metrics as `Metric`s (a bare keras.metrics.Metric wrapped), their names checked."""
     from distlab.registry import TASKS
 
     task = TASKS.get(cfg.name)(cfg)
     if not isinstance(task, Task):
         raise DistlabError(f"task.name={cfg.name!r} returned {type(task).__name__}; a task "
                            "builder returns distlab.components.tasks.Task(loss=..., metrics=[...])")
+    where = f"task.name={cfg.name!r}"
+    task.metrics = [as_metric(m, where) for m in task.metrics]
+    names = task.metric_names
+    for metric_name in names:
+        if names.count(metric_name) > 1 or metric_name == "loss" or not metric_name:
+            raise DistlabError(f"{where}: its metrics are named {', '.join(map(repr, names))}; "
+                               "each needs its own name, other than 'loss' (the history's "
+                               "columns and results.json's test_<name> fields)")
     return task
 
 
 def settle(task: Task, model: keras.Model) -> None:
-    """`from_logits=None`: as the model outputs (softmax/sigmoid last layer, else logits)."""
+    """`from_logits=None`: as the model outputs (softmax/sigmoid last layer, else logits).
+    A task with `outputs` (task=binary: 1) refuses a model with other outputs, in one line."""
     if task.from_logits is None:
         task.from_logits = not outputs_probabilities(model)
+    shapes = [tuple(o.shape) for o in getattr(model, "outputs", None) or []]
+    if task.outputs is not None and shapes and (len(shapes) > 1 or shapes[0][-1] != task.outputs):
+        shown = ", ".join(str(s) for s in shapes)
+        raise DistlabError(f"the task needs a model with one output of {task.outputs} unit(s) "
+                           f"(task=binary: one logit or a sigmoid probability), but model "
+                           f"{model.name!r} outputs {shown}")

@@ -9,8 +9,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, Config, Rule
-from distlab.errors import ConfigError
-from distlab.launch.results import builtin_task_metrics, check_objective, check_watched
+from distlab.errors import ConfigError, DistlabError
+from distlab.launch.results import (
+    BUILTIN_METRICS,
+    builtin_task_metrics,
+    check_objective,
+    check_task_metrics,
+    check_watched,
+)
 
 JIT_ON_LOGICAL_CPUS = (
     "loop.jit_compile=true cannot run on several logical CPU devices (strategy.cpu_devices>1): "
@@ -93,10 +99,52 @@ def validate(cfg: DictConfig) -> None:
                           "reports and never chooses: use auto, a fraction of the train split "
                           "(0.1), another split, or null (with trainer.test_every=1 for a "
                           "per-epoch test pass)")
+    _check_task_and_outputs(cfg)
+    check_task_metrics(cfg.task)
     metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
     if metrics is not None:
         check_watched(cfg.trainer, list(metrics), validation is not None)
         check_objective(cfg.objective, cfg.task.name, list(metrics), validation is not None)
+
+
+def _check_task_and_outputs(cfg: DictConfig) -> None:
+    """A model output activation the task cannot use (softmax over task=binary's one unit is
+    always 1; sigmoid scores for task=classification are not a distribution)."""
+    task = cfg.task.get("name")
+    activation = OmegaConf.select(cfg, "model.output_activation", default=None)
+    if not _distlab_option(cfg, "model.output_activation"):
+        return
+    wrong = {"binary": "softmax", "classification": "sigmoid"}
+    if activation is not None and wrong.get(task) == activation:
+        fits = "sigmoid or null (a logit)" if task == "binary" else "softmax or null (logits)"
+        raise ConfigError(f"model.output_activation={activation} does not fit task={task}: "
+                          f"use model.output_activation={fits}")
+
+
+def check_metric_names(cfg: DictConfig) -> None:
+    """Refuse, in one line, a task.metrics name that is neither distlab's, nor registered (by
+    user code: run after it is imported), nor an import path. A user task's names are its
+    own: checked when it is built."""
+    from distlab.registry import METRICS, TASKS, is_import_path
+
+    task = cfg.get("task")
+    if task is None or not TASKS.is_builtin(str(task.get("name"))):
+        return
+    for i, name in enumerate(task.get("metrics") or []):
+        if name in METRICS:
+            continue
+        if not is_import_path(str(name)):
+            own = [n for n, (_, tasks) in BUILTIN_METRICS.items() if task.name in tasks]
+            mine = [n for n in METRICS.names() if n not in BUILTIN_METRICS]
+            raise ConfigError(
+                f"task.metrics[{i}]={name!r} is not a known metric; task={task.name}'s: "
+                f"{', '.join(own)}" + (f"; registered: {', '.join(mine)}" if mine else "")
+                + "; or a package.module:callable import path")
+        try:
+            METRICS.check(str(name))
+        except DistlabError as e:  # its key is the task's list entry, not a group's name
+            raise ConfigError(str(e).replace(f"metric.name={name!r}",
+                                             f"task.metrics[{i}]={name!r}")) from None
 
 
 def _check_int_range(cfg: DictConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from distlab.config.checks import flatten
+from distlab.config.schema import GROUP_SCHEMAS
 
 # Keys a rerun into an existing run directory may change: they do not change what the
 # optimizer sees (how long, how often to checkpoint or report, where data is read from).
@@ -24,6 +25,9 @@ def effective(config: dict[str, Any]) -> dict[str, Any]:
     flat = flatten(config)
     if flat.get("schedule.name") == "cosine" and flat.get("schedule.decay_epochs") is None:
         flat["schedule.decay_epochs"] = flat.get("trainer.epochs")
+    schema = GROUP_SCHEMAS["task"].get(str(flat.get("task.name")))
+    if "task.metrics" not in flat and schema is not None:  # started before task.metrics existed
+        flat["task.metrics"] = list(schema().metrics)
     return flat
 
 

@@ -61,7 +61,8 @@ VALIDATION: Rule = (
 MODE = one_of("auto", "max", "min")  # which way a watched metric improves; auto: by its name
 METRIC: Rule = (lambda v: bool(v.strip()), "must name a history.csv column (e.g. val_loss), "
                 "or be null to turn it off")
-OUTPUT_ACTIVATION: Rule = (lambda v: v in ("softmax",), "must be null or softmax")
+OUTPUT_ACTIVATION: Rule = (lambda v: v in ("softmax", "sigmoid"),
+                           "must be null, softmax or sigmoid (task=binary)")
 RESNET_DEPTH: Rule = (lambda v: v >= 8 and (v - 2) % 6 == 0,
                       "must be 6n+2 with n >= 1 (e.g. 20, 32, 44, 56, 110)")
 LEARNING_RATE: Rule = (lambda v: v > 0 and math.isfinite(v), "must be finite and > 0")
@@ -148,17 +149,36 @@ class DatasetConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
+# task.metrics: names of the `metric` registry (distlab's: launch.results.BUILTIN_METRICS;
+# a registered name or package.module:callable), each a history column and a test_<name> field
+METRIC_NAMES: Rule = (lambda v: all(isinstance(n, str) and n.strip() for n in v),
+                      "must list metric names, e.g. [accuracy, auc]")
+
+
 @dataclass
 class ClassificationTaskConfig:
     name: str = "classification"
     # null: as the model outputs (a softmax/sigmoid last layer: probabilities, else logits)
     from_logits: bool | None = None
     top_k: int | None = checked(None, POSITIVE)  # e.g. 5: also report top5_accuracy
+    metrics: list[str] = checked(["accuracy"], METRIC_NAMES)
 
 
 @dataclass
 class RegressionTaskConfig:
     name: str = "regression"
+    metrics: list[str] = checked(["mae", "rmse"], METRIC_NAMES)
+
+
+@dataclass
+class BinaryTaskConfig:
+    """0/1 labels (2 classes, or 0/1 values), a model with one output unit."""
+
+    name: str = "binary"
+    # null: as the model outputs (a sigmoid last layer: probabilities, else logits)
+    from_logits: bool | None = None
+    # accuracy, auc, precision, recall: at probability 0.5 (auc over 1000 thresholds); also f1
+    metrics: list[str] = checked(["accuracy", "auc", "precision", "recall"], METRIC_NAMES)
 
 
 @dataclass
@@ -169,7 +189,7 @@ class CnnModelConfig:
     conv_filters: list[int] = checked([32], ENTRIES_POSITIVE)  # one Conv-ReLU-MaxPool each
     kernel_size: int = checked(3, POSITIVE)
     dense_units: list[int] = checked([64], ENTRIES_POSITIVE)  # one Dense-ReLU each
-    # null: logits (or raw regression values); softmax: probabilities
+    # null: logits (or raw regression values); softmax: probabilities; sigmoid: task=binary's
     output_activation: str | None = checked(None, OUTPUT_ACTIVATION)
     l2: float = checked(0.0, NON_NEGATIVE)  # L2 weight decay on every kernel
 
@@ -369,7 +389,7 @@ class TrainerConfig:
 OBJECTIVE: Rule = (
     lambda v: v in OBJECTIVES or v.startswith("val_"),
     "must name a numeric results.json field: val_loss, val_<metric of the task> (e.g. "
-    "val_accuracy, val_rmse), " + ", ".join(o for o in OBJECTIVES if o[:4] != "val_")
+    "val_accuracy, val_rmse, val_auc), " + ", ".join(o for o in OBJECTIVES if o[:4] != "val_")
     + ". A sweep never chooses on the test split, so test_* fields are not objectives")
 
 
@@ -405,7 +425,8 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "dataset": {"": DatasetConfig},
     "model": {"cnn": CnnModelConfig, "mlp": MlpModelConfig, "resnet": ResNetModelConfig,
               "keras_applications": KerasApplicationsModelConfig},
-    "task": {"classification": ClassificationTaskConfig, "regression": RegressionTaskConfig},
+    "task": {"classification": ClassificationTaskConfig, "regression": RegressionTaskConfig,
+             "binary": BinaryTaskConfig},
     "optimizer": {"adam": AdamConfig, "sgd": SGDConfig, "rmsprop": RMSpropConfig},
     "schedule": {"constant": ConstantScheduleConfig, "step_decay": StepDecayConfig,
                  "cosine": CosineScheduleConfig, "exponential": ExponentialScheduleConfig},

@@ -70,11 +70,11 @@ FIELDS: tuple[Field, ...] = (
     Field("val_loss", "the final model's mean per-example loss over the validation split "
           "(null: no validation split)", "completed", objective=True),
     Field("val_<metric>", "each task metric over the validation split (val_accuracy; val_mae, "
-          "val_rmse)", "completed", objective=True),
+          "val_rmse; val_auc...)", "completed", objective=True),
     Field("test_loss", "the final model's mean per-example loss over the test split's real "
           "examples: reported, never used to choose", "completed"),
     Field("test_<metric>", "each task metric over the test split (test_accuracy; test_mae, "
-          "test_rmse)", "completed"),
+          "test_rmse; test_auc...)", "completed"),
     Field("best_test_<figure>", "trainer.best_checkpoint.test: checkpoints/best's test_loss "
           "and test metrics", "optional"),
     Field("train_examples_per_sec", "steady-state training throughput, warm-up left out "
@@ -158,16 +158,51 @@ def top_k_name(k: int) -> str:
     return f"top{k}_accuracy"
 
 
+# distlab's own metrics, as task.metrics names them (built by distlab.components.metrics):
+# name -> (higher_is_better, the built-in tasks that have it)
+BUILTIN_METRICS: dict[str, tuple[bool, tuple[str, ...]]] = {
+    "accuracy": (True, ("classification", "binary")),
+    "auc": (True, ("binary",)),
+    "precision": (True, ("binary",)),
+    "recall": (True, ("binary",)),
+    "f1": (True, ("binary",)),
+    "mae": (False, ("regression",)),
+    "rmse": (False, ("regression",)),
+}
+BUILTIN_TASKS = ("classification", "regression", "binary")
+
+
 def builtin_task_metrics(task: DictConfig) -> dict[str, bool] | None:
-    """{metric name: higher_is_better} of distlab's own tasks, known without building them
-    (None for a user task). tests/test_objective.py checks it against `distlab.components.tasks`."""
+    """{metric name: higher_is_better} of distlab's own tasks with distlab's own metrics,
+    known without building them (None for a user task, or a user metric in task.metrics).
+    tests/test_issue18_config.py checks it against `distlab.components.tasks`."""
     name = task.get("name")
-    if name == "classification":
-        top_k = task.get("top_k")
-        return {"accuracy": True, **({top_k_name(int(top_k)): True} if top_k else {})}
-    if name == "regression":
-        return {"mae": False, "rmse": False}
-    return None
+    if name not in BUILTIN_TASKS:
+        return None
+    names = list(task.get("metrics") or [])
+    if any(n not in BUILTIN_METRICS for n in names):
+        return None
+    known = {n: BUILTIN_METRICS[n][0] for n in names}
+    top_k = task.get("top_k") if name == "classification" else None
+    return {**known, **({top_k_name(int(top_k)): True} if top_k else {})}
+
+
+def check_task_metrics(task: DictConfig) -> None:
+    """Refuse, in one line, a built-in metric in task.metrics that the task does not have, or
+    a name listed twice (a user's registered names are checked once imported)."""
+    name = task.get("name")
+    if name not in BUILTIN_TASKS:
+        return
+    names = [str(n) for n in task.get("metrics") or []]
+    own = [n for n, (_, tasks) in BUILTIN_METRICS.items() if name in tasks]
+    for i, metric in enumerate(names):
+        if names.index(metric) != i:
+            raise ConfigError(f"task.metrics={names} lists {metric!r} twice")
+        tasks = BUILTIN_METRICS.get(metric, (None, None))[1]
+        if tasks is not None and name not in tasks:
+            raise ConfigError(
+                f"task.metrics[{i}]={metric!r} is not a metric of task={name} (it is one of "
+                f"task={', task='.join(tasks)}); task={name}'s metrics: {', '.join(own)}")
 
 
 SPLIT_PREFIXES = ("val_", "best_test_", "test_")

@@ -1,7 +1,9 @@
 """Training one experiment. Who owns what:
 
 - `experiment`: the built pieces of a run (data, task, model, optimizer, schedule,
-  monitors), built once from the config, then only read.
+  monitors, the task's stateful metrics), built once from the config, then only read.
+- `metrics`: a task's stateful Keras metrics under the strategy (a training and an
+  evaluation copy in its scope; their states add up like the epoch's sums).
 - `checkpoints`: what a checkpoint holds (one `state` dict: a loop may add items), saving,
   resuming (the chief restores, every worker gets the state by broadcast) and restoring a
   model for evaluation.

@@ -31,9 +31,15 @@ EPOCH_SUMS = "epoch_sums"
 
 
 def stats_size(task: Any) -> int:
-    """Length of a batch-stats vector (`Loop.batch_stats`) and of the epoch sums: the loss
-    sum, one sum per task metric, the count of real examples."""
-    return len(task.metrics) + 2
+    """Length of a batch-stats vector (`Loop.batch_stats`): the loss sum, one sum per
+    per-example task metric, the count of real examples."""
+    return sum(1 for m in task.metrics if not getattr(m, "stateful", False)) + 2
+
+
+def sums_size(exp: Experiment) -> int:
+    """Length of the epoch's running sums: the batch stats' sums, then the state of the task's
+    stateful metrics (`training.metrics`)."""
+    return stats_size(exp.task) + exp.metrics.size
 
 
 class Checkpoints:
@@ -46,9 +52,9 @@ class Checkpoints:
         # steps done in epoch `epoch` (non-zero after a preemption)
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="step_in_epoch")
-        # the running sums of those steps (float64), so a run resumed mid-epoch records the
-        # whole epoch
-        self.epoch_sums = tf.Variable(tf.zeros([stats_size(exp.task)], tf.float64),
+        # the running sums of those steps (float64), and the state of the task's stateful
+        # metrics, so a run resumed mid-epoch records the whole epoch
+        self.epoch_sums = tf.Variable(tf.zeros([sums_size(exp)], tf.float64),
                                       trainable=False, name=EPOCH_SUMS)
         own = {"model": exp.model, "optimizer": exp.optimizer, "epoch": self.epoch,
                "step_in_epoch": self.step_in_epoch, EPOCH_SUMS: self.epoch_sums,
@@ -85,7 +91,7 @@ class Checkpoints:
         """The running sums of the steps before a mid-epoch resume (zeros at a boundary)."""
         if self.position[1]:
             return self.epoch_sums.numpy().astype(np.float64)
-        return np.zeros(stats_size(self.exp.task))
+        return np.zeros(sums_size(self.exp))
 
     # ---- saving
     def save(self, epochs_done: int, steps_in_epoch: int,
@@ -174,7 +180,7 @@ class Checkpoints:
         model.optimizer (compile attaches it), which TensorFlow would restore into the
         optimizer a later compile attaches, this config's (other slots or shapes: an error)."""
         exp = self.exp
-        twin = models.build_for(exp.cfg.model, exp.data)
+        twin = models.build_for(exp.cfg.model, exp.data, exp.model_outputs)
         self._restore(tf.train.Checkpoint(**{**self.model_state(), "model": twin}), prefix,
                       what="restore", partial=True)
         for variable, value in zip(exp.model.variables, twin.variables, strict=True):

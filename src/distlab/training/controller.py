@@ -53,7 +53,8 @@ class Controller:
         self._position = (0, 0)  # (epochs done, steps into the next) at the last boundary
         self._mark = (0.0, 0)  # (time, steps into the epoch) at the last step boundary
         self._start, self._first = 0.0, 0  # the epoch's start: time, steps done before it
-        self._base = self._steps_sums = np.zeros(loop.num_stats)
+        self._base = np.zeros(loop.num_sums)  # a resumed epoch's sums before the resume
+        self._steps_sums = np.zeros(loop.num_stats)  # the batch stats of this epoch's steps
 
     @property
     def finished(self) -> bool:
@@ -98,10 +99,12 @@ class Controller:
                                    stateful_metrics=[*names, "examples/sec"])
 
     def running_sums(self) -> np.ndarray:
-        """The current epoch's summed batch stats so far (loss, metrics..., count), the
-        steps before a mid-epoch resume included: what a mid-epoch checkpoint keeps."""
+        """The current epoch's summed batch stats so far (loss, metrics..., count), then the
+        stateful metrics' state, the steps before a mid-epoch resume included: what a
+        mid-epoch checkpoint keeps."""
         own = self.loop.running_sums()
-        return self._base + (self._steps_sums if own is None else own)
+        stats = self._steps_sums if own is None else own
+        return self._base + np.concatenate([stats, self.exp.metrics.train.read()])
 
     # ---- the hooks (also called by a loop that runs its own epochs)
     def epoch_begin(self, epoch: int, steps_done: int = 0) -> None:
@@ -109,8 +112,9 @@ class Controller:
         self._start = time.time()
         self._first, self._mark = steps_done, (self._start, steps_done)
         self._base = (self.checkpoints.resumed_sums() if steps_done
-                      else np.zeros(self.loop.num_stats))
+                      else np.zeros(self.loop.num_sums))
         self._steps_sums = np.zeros(self.loop.num_stats)
+        self.exp.metrics.train.reset()  # (fit also resets its compiled metrics)
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
 
     def step_end(self, epoch: int, steps_done: int, loss: float) -> None:

@@ -9,7 +9,9 @@ that runs its own epochs, as `keras_fit` does through `model.fit`).
 
 Evaluation is shared: every loop measures validation and test figures with the same
 distributed step (mean per-example loss and task metrics over the whole split; padding rows
-weigh 0, so the figures do not depend on the replica count).
+weigh 0, so the figures do not depend on the replica count). A task's stateful Keras metrics
+(`training.metrics`) are updated in the same steps: `batch_stats` updates the training set,
+evaluation its own set, and their states follow the sums (`means`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import tensorflow as tf
 
 from distlab.data.pipeline import distribute
 from distlab.errors import DistlabError
-from distlab.training.checkpoints import stats_size
+from distlab.training.checkpoints import stats_size, sums_size
 from distlab.training.experiment import Experiment
 
 if TYPE_CHECKING:
@@ -85,8 +87,9 @@ class Loop:
         controller.drive(initial_epoch, skip_steps)
 
     def running_sums(self) -> np.ndarray | None:
-        """The current epoch's sums, for a loop that keeps them itself (`run` overridden);
-        None: the Controller sums what train_steps returns."""
+        """The current epoch's batch-stats sums, for a loop that keeps them itself (`run`
+        overridden); None: the Controller sums what train_steps returns. (The stateful
+        metrics' state is read by the Controller, from `exp.metrics.train`.)"""
         return None
 
     # ---- evaluation
@@ -94,14 +97,22 @@ class Loop:
         """{"loss", <metric>...} over a whole split ("validation" or "test") under the
         current strategy: exact means over its real examples, whatever the replica count."""
         dataset = {"test": self.exp.data.test, "validation": self.exp.data.validation}[split]
-        return self.means(self._eval_all(self.distribute(dataset)).numpy())
+        stateful = self.exp.metrics.eval
+        stateful.reset()
+        sums = self._eval_all(self.distribute(dataset)).numpy()
+        return self.means(np.concatenate([sums, stateful.read()]))
 
     def means(self, sums) -> dict[str, float]:
-        """{"loss", <metric>...} from the summed batch stats (loss, metrics..., count)."""
-        count = sums[-1]
-        values = {"loss": float(sums[0] / count)}
-        for metric, total in zip(self.exp.task.metrics, sums[1:-1], strict=True):
-            values[metric.name] = float(metric.finalize(total / count))
+        """{"loss", <metric>...} from the running sums: the summed batch stats (loss,
+        per-example metrics..., count), then the stateful metrics' state."""
+        stats, state = sums[:self.num_stats], sums[self.num_stats:]
+        count = stats[-1]
+        per_example = iter(stats[1:-1])
+        stateful = iter(self.exp.metrics.results(np.asarray(state, np.float64)))
+        values = {"loss": float(stats[0] / count)}
+        for metric in self.exp.task.metrics:
+            values[metric.name] = (next(stateful) if metric.stateful
+                                   else float(metric.finalize(next(per_example) / count)))
         return values
 
     # ---- distributed pieces shared by the loops
@@ -112,16 +123,27 @@ class Loop:
     def batch_stats(self, labels, predictions, per_example_loss, weights) -> tf.Tensor:
         """Per replica, over its real rows (weight > 0): [sum of per-example loss, sum of each
         per-example metric..., number of examples], in float64 so sums do not depend on the
-        split."""
+        split; the task's stateful metrics (training set) are updated on the same rows."""
+        return self._stats(labels, predictions, per_example_loss, weights,
+                           self.exp.metrics.train)
+
+    def _stats(self, labels, predictions, per_example_loss, weights, stateful) -> tf.Tensor:
         real = tf.cast(weights > 0, tf.float64)
-        values = [per_example_loss] + [m.per_example(labels, predictions)
-                                       for m in self.exp.task.metrics]
+        values = [per_example_loss] + [m.per_example(*m.inputs(labels, predictions))
+                                       for m in self.exp.task.metrics if not m.stateful]
         sums = [tf.reduce_sum(real * tf.cast(v, tf.float64)) for v in values]
+        stateful.update(labels, predictions, weights)
         return tf.stack([*sums, tf.reduce_sum(real)])
 
     @property
     def num_stats(self) -> int:
+        """Length of a batch-stats vector."""
         return stats_size(self.exp.task)
+
+    @property
+    def num_sums(self) -> int:
+        """Length of the running sums: the batch stats, then the stateful metrics' state."""
+        return sums_size(self.exp)
 
     @property
     def _name(self) -> str:
@@ -149,7 +171,8 @@ class Loop:
 
     def _test_step(self, features, labels, weights):
         predictions = self.exp.model(features, training=False)
-        return self.batch_stats(labels, predictions, self.loss_fn(labels, predictions), weights)
+        return self._stats(labels, predictions, self.loss_fn(labels, predictions), weights,
+                           self.exp.metrics.eval)
 
     def _reduce(self, per_replica) -> tf.Tensor:
         return self.exp.strategy.reduce(SUM, per_replica, axis=None)

@@ -3,10 +3,12 @@
 fit gets the same per-replica rows and weights as the custom loop (`distlab.data.pipeline.
 distribute`): the compiled loss weighs the rows so a short batch averages over its real
 examples, and the history's loss and task metrics are Keras metrics over the real rows
-only (summed in float64, like the custom loop's). fit runs its own epochs, so this loop
-overrides `Loop.run`: a Keras callback calls the Controller's epoch and step hooks (the
-adapter), and the Controller adds a resumed epoch's first steps, from the checkpoint, to
-those metrics' totals, so its row covers the whole epoch. Every epoch runs exactly
+only (summed in float64, like the custom loop's); a task's stateful Keras metrics are
+compiled as their training set (`training.metrics.RealRows`: weight 1 per real row). fit
+runs its own epochs, so this loop overrides `Loop.run`: a Keras callback calls the
+Controller's epoch and step hooks (the adapter), and the Controller adds a resumed epoch's
+first steps, from the checkpoint, to those metrics' totals and states, so its row covers the
+whole epoch. Every epoch runs exactly
 `steps_per_epoch` steps whatever `loop.steps_per_execution` is: when the block size does not
 divide the epoch, each epoch is a fit of its own over exactly its own batches, so Keras'
 last block of the epoch stops where the data does.
@@ -23,6 +25,7 @@ import tensorflow as tf
 from distlab.errors import DistlabError
 from distlab.keras_patches import fixes as keras_fixes
 from distlab.training.loops.base import Loop
+from distlab.training.metrics import RealRows
 
 if TYPE_CHECKING:
     from distlab.training.controller import Controller
@@ -36,6 +39,11 @@ class RealExamplesMean(keras.metrics.MeanMetricWrapper):
         if sample_weight is not None:
             sample_weight = tf.cast(sample_weight > 0, self.dtype)
         return super().update_state(y_true, y_pred, sample_weight=sample_weight)
+
+
+def _per_example(metric):
+    """A per-example metric's function of (y_true, y_pred), its `prepare` applied."""
+    return lambda y, p: metric.per_example(*metric.inputs(y, p))
 
 
 class _EpochCallback(keras.callbacks.Callback):
@@ -83,19 +91,22 @@ class KerasFitLoop(Loop):
         with exp.strategy.scope():
             # float64 sums, as Loop._batch_stats: a resumed epoch adds up to the same figures
             self._metrics = [RealExamplesMean(task.loss, name="example_loss", dtype="float64"),
-                             *(RealExamplesMean(m.per_example, name=m.name, dtype="float64")
-                               for m in task.metrics)]
+                             *(RealExamplesMean(_per_example(m), name=m.name, dtype="float64")
+                               for m in task.metrics if not m.stateful)]
+            stateful = exp.metrics.train
             exp.model.compile(
                 optimizer=exp.optimizer,
                 loss=task.loss,  # per example; Keras weighs and averages it
-                weighted_metrics=[*self._metrics[1:], self._metrics[0]],
+                weighted_metrics=[*self._metrics[1:], *map(RealRows, stateful.metrics,
+                                                           stateful.objects), self._metrics[0]],
                 steps_per_execution=cfg.loop.steps_per_execution,
                 jit_compile=cfg.loop.jit_compile,
             )
 
     def running_sums(self) -> np.ndarray:
         """The sums of the steps this fit epoch ran: the compiled metrics' totals (the fit
-        resets them each epoch), read across replicas (and workers: every worker reads)."""
+        resets them each epoch), read across replicas (and workers: every worker reads).
+        The stateful metrics' state: the Controller reads `exp.metrics.train`."""
         loss = self._metrics[0]
         fit = [loss.total, *(m.total for m in self._metrics[1:]), loss.count]
         return np.array([float(v.numpy()) for v in fit])

@@ -1,0 +1,110 @@
+"""distlab's own metrics, as `task.metrics` names them (the `metric` registry).
+
+A metric builder is called as `f(cfg, task)`: `cfg` is the task's config node, `task` the
+`Task` being built (its `labels` say which kind; its `from_logits` is settled from the model
+before the metric first runs, so read it inside the metric, not in the builder). It returns a
+`Metric` (a per-example function, or a stateful `keras.metrics.Metric` with `prepare`) or a
+bare `keras.metrics.Metric`. Which task has which metric, and which way each ranks, is
+`distlab.launch.results.BUILTIN_METRICS` (no TensorFlow; the config is checked against it).
+
+Binary metrics threshold the probability at 0.5 (a logit model's outputs go through a
+sigmoid first), as Keras' BinaryAccuracy, Precision and Recall do (`p > 0.5`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from distlab.components.tasks import Metric, Task, aligned
+from distlab.errors import DistlabError
+from distlab.launch.results import BUILTIN_METRICS
+
+THRESHOLD = 0.5  # binary: a probability above it predicts 1
+AUC_THRESHOLDS = 1000  # keras.metrics.AUC's buckets (its default, 200, is coarser)
+
+
+def _kind(task: Task) -> str:
+    """The built-in task a Task's labels correspond to."""
+    return {"classes": "classification", "values": "regression", "binary": "binary"}.get(
+        task.labels, task.labels)
+
+
+def _check(name: str, task: Task) -> None:
+    tasks = BUILTIN_METRICS[name][1]
+    if _kind(task) not in tasks:
+        raise DistlabError(f"metric {name!r} is a metric of task={' or task='.join(tasks)}, not "
+                           f"of a task with {task.labels!r} labels")
+
+
+def _binary_inputs(task: Task, rank: int):
+    """prepare(y, p) for Keras' binary metrics: float 0/1 labels and probabilities, both of
+    shape [batch] (rank 1) or [batch, 1] (rank 2)."""
+    def prepare(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        y, p = aligned(y, tf.cast(p, tf.float32))
+        if task.from_logits:
+            p = tf.sigmoid(p)
+        shape = [-1] if rank == 1 else [-1, 1]
+        return tf.reshape(y, shape), tf.reshape(p, shape)
+
+    return prepare
+
+
+def accuracy(cfg: DictConfig, task: Task) -> Metric:
+    """Classification: the top class is the label. Binary: the probability is above 0.5
+    exactly when the label is 1."""
+    _check("accuracy", task)
+    if task.labels != "binary":
+        return Metric("accuracy", keras.metrics.sparse_categorical_accuracy)
+    prepare = _binary_inputs(task, rank=1)
+
+    def binary_accuracy(y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
+        y, p = prepare(y, p)
+        return tf.cast(tf.equal(y, tf.cast(p > THRESHOLD, y.dtype)), tf.float32)
+
+    return Metric("accuracy", binary_accuracy)
+
+
+def auc(cfg: DictConfig, task: Task) -> Metric:
+    """Area under the ROC curve (keras.metrics.AUC, 1000 thresholds)."""
+    _check("auc", task)
+    return Metric("auc", keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS, name="auc"),
+                  prepare=_binary_inputs(task, rank=1))
+
+
+def precision(cfg: DictConfig, task: Task) -> Metric:
+    """Of the examples predicted 1 (probability > 0.5), the fraction labelled 1."""
+    _check("precision", task)
+    return Metric("precision", keras.metrics.Precision(thresholds=THRESHOLD, name="precision"),
+                  prepare=_binary_inputs(task, rank=1))
+
+
+def recall(cfg: DictConfig, task: Task) -> Metric:
+    """Of the examples labelled 1, the fraction predicted 1 (probability > 0.5)."""
+    _check("recall", task)
+    return Metric("recall", keras.metrics.Recall(thresholds=THRESHOLD, name="recall"),
+                  prepare=_binary_inputs(task, rank=1))
+
+
+def f1(cfg: DictConfig, task: Task) -> Metric:
+    """The harmonic mean of precision and recall at probability 0.5."""
+    _check("f1", task)
+    return Metric("f1", keras.metrics.F1Score(average="micro", threshold=THRESHOLD, name="f1"),
+                  prepare=_binary_inputs(task, rank=2))
+
+
+def mae(cfg: DictConfig, task: Task) -> Metric:
+    """Regression: the mean absolute error."""
+    _check("mae", task)
+    return Metric("mae", lambda y, p: keras.losses.mean_absolute_error(*aligned(y, p)),
+                  higher_is_better=False)
+
+
+def rmse(cfg: DictConfig, task: Task) -> Metric:
+    """Regression: the square root of the mean squared error."""
+    _check("rmse", task)
+    return Metric("rmse", lambda y, p: keras.losses.mean_squared_error(*aligned(y, p)),
+                  finalize=math.sqrt, higher_is_better=False)

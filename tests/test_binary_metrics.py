@@ -245,9 +245,9 @@ def test_default_metrics_keep_each_task_s_figures():
     (["task=binary", "trainer.early_stopping.metric=val_aucc"],
      "trainer.early_stopping.metric='val_aucc' is not a per-epoch metric of this task; use one "
      "of loss, accuracy, auc, precision, recall, val_loss, val_accuracy, val_auc"),
-    (["task=binary", "objective=test_top5_accuracy"],
-     "objective=test_top5_accuracy is not a result of task 'binary'; its results: test_loss, "
-     "test_accuracy, test_auc, test_precision, test_recall"),
+    (["task=binary", "objective=val_top5_accuracy"],
+     "objective=val_top5_accuracy is not a result of task 'binary'; its validation results: "
+     "val_loss, val_accuracy, val_auc, val_precision, val_recall"),
 ])
 def test_a_metric_config_the_task_cannot_report_is_refused_before_tensorflow(overrides, message):
     from conftest import compose
@@ -267,12 +267,12 @@ def test_binary_watched_metrics_and_objectives_rank_their_way():
 
     cfg = compose(["task=binary", "trainer.early_stopping.metric=val_auc",
                    "trainer.target.metric=val_recall", "trainer.target.value=0.9",
-                   "objective=test_auc"])
+                   "objective=val_auc"])
     validate(cfg)
     assert direction(cfg, task_metrics(cfg)) == "maximize"
     cfg = compose(["task=binary", "objective=best_value", "trainer.best_checkpoint.metric=val_auc"])
     assert direction(cfg, task_metrics(cfg)) == "maximize"
-    cfg = compose(["task=binary"])  # the first metric: test_accuracy
+    cfg = compose(["task=binary"])  # the first metric: val_accuracy
     assert direction(cfg, task_metrics(cfg)) == "maximize"
 
 
@@ -427,9 +427,11 @@ def test_binary_figures_equal_one_device_keras_and_sklearn_on_1_2_3_replicas(
     from sklearn.metrics import precision_score, recall_score, roc_auc_score
 
     x_train, y_train = _split(binary_data, "train[:194]")
+    x_val, y_val = _split(binary_data, "train[194:388]")
     x_test, y_test = _split(binary_data, "test")
     frozen = ("optimizer.learning_rate=1e-30", "trainer.epochs=1",
-              "dataset.train_split='train[:194]'", "dataset.batch_size_per_replica=64")
+              "dataset.train_split='train[:194]'", "dataset.validation='train[194:388]'",
+              "dataset.batch_size_per_replica=64")
     for replicas in (1, 2, 3):
         out = tmp_path / f"r{replicas}"
         results = run_inprocess(*BINARY, *frozen, f"loop={loop}",
@@ -437,17 +439,20 @@ def test_binary_figures_equal_one_device_keras_and_sklearn_on_1_2_3_replicas(
         assert results["num_replicas"] == replicas
         row = _history(out)[0]
         p_train = _probabilities(out, x_train)
-        p_test = _probabilities(out, x_test)
-        train, test = _one_device(y_train, p_train), _one_device(y_test, p_test)
+        p_val, p_test = _probabilities(out, x_val), _probabilities(out, x_test)
+        train, val = _one_device(y_train, p_train), _one_device(y_val, p_val)
+        test = _one_device(y_test, p_test)
         for name in ("accuracy", *STATEFUL):
             assert row[name] == pytest.approx(train[name], abs=1e-6), (replicas, name)
-            assert row[f"val_{name}"] == pytest.approx(test[name], abs=1e-6), (replicas, name)
+            assert row[f"val_{name}"] == pytest.approx(val[name], abs=1e-6), (replicas, name)
+            assert results[f"val_{name}"] == pytest.approx(val[name], abs=1e-7), (replicas, name)
             assert results[f"test_{name}"] == pytest.approx(test[name], abs=1e-7), (replicas, name)
-        for y, p, figures in ((y_train, p_train, train), (y_test, p_test, test)):
+        for y, p, figures in ((y_train, p_train, train), (y_val, p_val, val),
+                              (y_test, p_test, test)):
             assert figures["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
             assert figures["precision"] == pytest.approx(precision_score(y, p > 0.5), abs=1e-7)
             assert figures["recall"] == pytest.approx(recall_score(y, p > 0.5), abs=1e-7)
-    assert results["objective"] == "test_accuracy"
+    assert results["objective"] == "val_accuracy"
     assert {f"epoch_{m}" for m in ("loss", "accuracy", *STATEFUL)} <= _tags(out / "logs" / "train")
     assert {f"epoch_{m}" for m in STATEFUL} <= _tags(out / "logs" / "validation")
     if loop == "custom":  # the 1-replica checkpoint, evaluated on 3 replicas
@@ -510,7 +515,7 @@ def log_loss(cfg, task):
 def test_monitors_and_objective_follow_each_stateful_metric_s_direction(binary_data,
                                                                          run_inprocess, tmp_path):
     """Early stopping and a target on val_auc (up), the best checkpoint on a user's val_log_loss
-    (down, Keras' own direction), the objective test_log_loss (minimised); a sigmoid model."""
+    (down, Keras' own direction), the objective val_log_loss (minimised); a sigmoid model."""
     out = tmp_path / "run"
     results = run_inprocess(
         *BINARY, "loop=custom", "strategy=default", "model.output_activation=sigmoid",
@@ -518,12 +523,12 @@ def test_monitors_and_objective_follow_each_stateful_metric_s_direction(binary_d
         "optimizer.learning_rate=0.003", "dataset.batch_size_per_replica=32",
         "trainer.early_stopping.metric=val_auc", "trainer.early_stopping.patience=1",
         "trainer.target.metric=val_auc", "trainer.target.value=0.95",
-        "trainer.best_checkpoint.metric=val_log_loss", "objective=test_log_loss", out=out)
+        "trainer.best_checkpoint.metric=val_log_loss", "objective=val_log_loss", out=out)
     rows = _history(out)
     val_auc = [r["val_auc"] for r in rows]
     val_log_loss = [r["val_log_loss"] for r in rows]
     assert len(set(val_log_loss)) > 1 and len(set(val_auc)) > 1
-    assert (results["objective"], results["objective_direction"]) == ("test_log_loss", "minimize")
+    assert (results["objective"], results["objective_direction"]) == ("val_log_loss", "minimize")
     assert results["test_log_loss"] == pytest.approx(results["test_loss"], rel=1e-4)
     assert results["best_metric"] == "val_log_loss"
     assert results["best_epoch"] == 1 + int(np.argmin(val_log_loss))

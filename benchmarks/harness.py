@@ -17,6 +17,7 @@ first is printed; the summary gives medians over rounds.
     python benchmarks/harness.py candidates --rounds 2 --epochs 2   # tuned-preset candidates
     python benchmarks/harness.py startup --reps 5                # python run.py --cfg job
     python benchmarks/harness.py --repo A compare-repos --repo-b B experiment=...  # A/B code
+    python benchmarks/harness.py metric-cost --pairs 2 experiment=tutorial_keras_mnist  # + a metric
 
 Per run: wall time of the whole process (start-up, TensorFlow import, training,
 evaluation, export), peak resident memory of the process (`os.wait4` rusage), the run's
@@ -387,6 +388,16 @@ def compare_repos_variants(a: argparse.Namespace, repo: Path) -> list[Variant]:
                     str(a.repo_b.resolve()))]
 
 
+def metric_cost_variants(a: argparse.Namespace, repo: Path) -> list[Variant]:
+    """A preset, then the same with one stateful metric added (benchmarks/stateful_metric.py):
+    what the stateful path costs per step."""
+    args = [*a.overrides, QUIET]
+    stateful = [*args, "imports=[benchmarks.stateful_metric]",
+                "task.metrics=[accuracy,stateful_accuracy]"]
+    return [Variant("A per-example metrics only", "distlab", args, a.dataset, str(repo)),
+            Variant("B + a stateful metric", "distlab", stateful, a.dataset, str(repo))]
+
+
 # Candidates for experiment=tutorial_keras_mnist_tuned, each on top of the reference preset.
 CANDIDATES = {
     "reference": [],
@@ -524,6 +535,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="do not add loop.verbose=2")
     s.add_argument("overrides", nargs="*", help="run.py overrides for both")
 
+    s = sub.add_parser("metric-cost", help="a preset with and without one stateful metric")
+    s.add_argument("--pairs", type=int, default=2)
+    s.add_argument("--dataset", default="mnist", help="for end-to-end examples/sec")
+    s.add_argument("overrides", nargs="*", help="run.py overrides for both, e.g. the preset")
+
     s = sub.add_parser("rebuild", help="rewrite <out>/<name>.md from <out>/<name>.json")
     s.add_argument("name", help="overhead, tuned, reference, candidates, ...")
 
@@ -572,6 +588,9 @@ def main(argv: list[str] | None = None) -> None:
     elif a.command == "compare-repos":
         variants, rounds = compare_repos_variants(a, repo), a.pairs
         title = f"The same command in two checkouts: {' '.join(a.overrides)}"
+    elif a.command == "metric-cost":
+        variants, rounds = metric_cost_variants(a, repo), a.pairs
+        title = f"One stateful metric's cost: {' '.join(a.overrides)}"
     elif a.command == "fit-vs-custom":
         variants, rounds = fit_vs_custom_variants(a), a.pairs
         title = (f"fit vs custom: {a.dataset}/{a.model}, strategy={a.strategy}, {a.epochs} "

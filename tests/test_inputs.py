@@ -155,7 +155,7 @@ def test_adapted_statistics_are_deterministic_and_follow_a_restore(tmp_path):
 
     from distlab.components import models
 
-    data = _load(*USER, "dataset.name=breast_cancer", "dataset.preprocess.standardize=true")
+    data = _load(*USER, "dataset.name=raw_breast_cancer", "dataset.preprocess.standardize=true")
     a, b = models.standardization(data)["inputs"], models.standardization(data)["inputs"]
     np.testing.assert_array_equal(a.adapt_mean.numpy(), b.adapt_mean.numpy())
     x_train = user_inputs.breast_cancer_split()[0]
@@ -267,7 +267,9 @@ def test_stopped_mid_epoch_then_rerun_equals_the_uninterrupted_run(run_once, run
     assert stopped.value.code == 128 + signal.SIGTERM
     monkeypatch.undo()
     prefix = tf.train.latest_checkpoint(str(out / "checkpoints"))
-    mean = user_inputs.mixed_arrays(256, 0)[0]["num"].mean(0)
+    held_out = _load(*USER, "dataset.name=mixed_data", "dataset.validation=auto")
+    rows = held_out.train.map(lambda x, y: x["num"]).batch(256).as_numpy_iterator()
+    mean = np.concatenate(list(rows)).mean(0)  # over the training split, validation held out
     saved = [tf.train.load_variable(prefix, name) for name, shape in
              tf.train.list_variables(prefix) if name.startswith("model/") and shape == [3]]
     assert any(np.allclose(v, mean, rtol=1e-5) for v in saved)  # standardize's mean is in it
@@ -283,7 +285,7 @@ def test_standardize_reaches_the_accuracy_of_pasted_statistics(run_inprocess):
     x_train = user_inputs.breast_cancer_split()[0].astype(np.float64)
     listed = {k: "[" + ",".join(f"{v:.9g}" for v in values) + "]"
               for k, values in (("mean", x_train.mean(0)), ("std", x_train.std(0)))}
-    common = (*USER, "dataset.name=breast_cancer", "model=mlp", "model.hidden_units=[32]",
+    common = (*USER, "dataset.name=raw_breast_cancer", "model=mlp", "model.hidden_units=[32]",
               "strategy=default", "dataset.batch_size_per_replica=32", "trainer.epochs=10",
               "optimizer.learning_rate=3e-3", "deterministic=true", "trainer.validate_every=0")
     learned = run_inprocess(*common, "dataset.preprocess.standardize=true")

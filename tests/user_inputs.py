@@ -2,7 +2,7 @@
 
 Datasets: `mixed_data` (a dict of NumPy arrays: floats, a string category, variable-length
 integer ids), `mixed_stream` (the same as a tf.data.Dataset of (dict, label)), `text_data`
-(one string per example), `tuple_data` (a tuple of two float inputs) and `breast_cancer`
+(one string per example), `tuple_data` (a tuple of two float inputs) and `raw_breast_cancer`
 (scikit-learn's 30 raw features). Models: `mixed_net` (StringLookup adapted on the training
 split, an Embedding of the ids) and `text_net` (TextVectorization adapted on it).
 """
@@ -83,7 +83,7 @@ def breast_cancer_split() -> tuple[np.ndarray, ...]:
                             test_size=0.25, random_state=0, stratify=bunch.target)
 
 
-@distlab.register("dataset", "breast_cancer")
+@distlab.register("dataset", "raw_breast_cancer")
 def breast_cancer(cfg):
     x_train, x_test, y_train, y_test = breast_cancer_split()
     return distlab.DataSplits(train=(x_train, y_train), test=(x_test, y_test), num_classes=2)

@@ -456,7 +456,8 @@ def test_binary_figures_equal_one_device_keras_and_sklearn_on_1_2_3_replicas(
     assert {f"epoch_{m}" for m in ("loss", "accuracy", *STATEFUL)} <= _tags(out / "logs" / "train")
     assert {f"epoch_{m}" for m in STATEFUL} <= _tags(out / "logs" / "validation")
     if loop == "custom":  # the 1-replica checkpoint, evaluated on 3 replicas
-        evaluated = run_inprocess(*BINARY, "mode=evaluate", f"ckpt_path={tmp_path / 'r1'}",
+        evaluated = run_inprocess(*BINARY, *frozen[2:4], "mode=evaluate",
+                                  f"ckpt_path={tmp_path / 'r1'}",
                                   "strategy.cpu_devices=3", out=tmp_path / "eval")
         for name in ("loss", "accuracy", *STATEFUL):
             assert evaluated[f"test_{name}"] == pytest.approx(
@@ -624,3 +625,43 @@ def test_a_run_started_before_task_metrics_existed_is_not_refused_on_rerun():
         assert training_diff(started, now) == []
         now["task"]["metrics"] = ["accuracy"] if task == "regression" else ["accuracy", "auc"]
         assert training_diff(started, now) == ["task.metrics"]  # other metrics: a new run
+
+
+def bare_auc(cfg, task):
+    """A user's bare Keras metric, by import path (test_binary_metrics:bare_auc)."""
+    return keras.metrics.AUC(num_thresholds=1000)
+
+
+def test_a_bare_keras_metric_under_binary_sees_probabilities_and_labels_like_them():
+    """task=binary feeds a user's bare Keras metric what its built-ins get: a logit model's
+    outputs through a sigmoid, float labels of the same [batch, 1] shape."""
+    import tensorflow as tf
+    from conftest import compose
+
+    from distlab.components import tasks
+
+    task = tasks.build(compose(["task=binary",
+                                "task.metrics=[accuracy,test_binary_metrics:bare_auc]"]).task)
+    task.from_logits = True  # settled from the model (a logit output)
+    metric = task.metrics[1]
+    assert metric.stateful and metric.name == "auc"
+    y, p = metric.inputs(tf.constant([0, 1]), tf.constant([[0.0], [2.0]]))
+    np.testing.assert_allclose(p.numpy(), [[0.5], [1 / (1 + np.exp(-2.0))]], rtol=1e-6)
+    assert y.shape == (2, 1) and y.dtype == tf.float32
+
+
+def test_a_stateful_metric_that_cannot_take_the_outputs_is_one_line_naming_it():
+    import tensorflow as tf
+    from conftest import compose
+
+    from distlab import Metric
+    from distlab.components import tasks
+    from distlab.errors import DistlabError
+    from distlab.training.metrics import StatefulMetrics
+
+    task = tasks.build(compose([]).task)  # classification: 10-class outputs
+    task.metrics.append(Metric("my_auc", keras.metrics.AUC()))
+    ten_classes = (tf.zeros([1], tf.int64), tf.zeros([1, 10]))
+    with pytest.raises(DistlabError, match="task metric 'my_auc' \\(AUC\\) cannot take this "
+                       "task's labels and model outputs"):
+        StatefulMetrics(task, tf.distribute.get_strategy(), sample=lambda: ten_classes)

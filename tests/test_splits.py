@@ -111,6 +111,8 @@ def test_a_builders_own_validation_split(tiny_data_dir, monkeypatch):
      "trainer.best_checkpoint.metric=val_loss needs a validation split"),
     (["dataset.validation=null", "objective=val_accuracy"],
      "objective=val_accuracy needs a validation split"),
+    (["trainer.best_checkpoint.test=true"],
+     "trainer.best_checkpoint.test=true scores checkpoints/best, which exists only with"),
 ])
 def test_choosing_on_the_test_split_is_refused(overrides, needle):
     with pytest.raises(ConfigError, match=None) as e:
@@ -179,3 +181,24 @@ def test_a_per_epoch_test_pass_is_labelled_test(run_inprocess, tmp_path):
     assert rows[-1]["test_loss"] == pytest.approx(results["test_loss"], rel=1e-5)  # 6 digits
     assert results["validation"] is None and results["num_validation"] is None
     assert (out / "logs" / "test").is_dir()
+
+
+@pytest.mark.slow
+def test_an_evaluation_on_other_splits_than_the_training_run_is_refused(run_once, run_inprocess,
+                                                                        tmp_path):
+    """A checkpoint trained on all of train (dataset.validation=null) evaluated with a held-out
+    fraction would report val_ figures on rows it trained on: refused, naming the override."""
+    _, run_dir = run_once("loop=custom", "model=mlp", "model.hidden_units=[16]",
+                          "dataset.validation=null", "trainer.epochs=1")
+    out = tmp_path / "evaluate"
+    with pytest.raises(SystemExit) as e:
+        run_inprocess("mode=evaluate", f"ckpt_path={run_dir}", "model=mlp",
+                      "model.hidden_units=[16]", out=out)
+    assert e.value.code == 2
+    error = (out / "results.json").read_text()
+    assert "was trained with dataset.validation=null" in error
+    assert "Add dataset.validation=null to evaluate on its splits" in error
+    same = run_inprocess("mode=evaluate", f"ckpt_path={run_dir}", "model=mlp",
+                         "model.hidden_units=[16]", "dataset.validation=null",
+                         out=tmp_path / "same")
+    assert same["val_loss"] is None and same["test_loss"] > 0

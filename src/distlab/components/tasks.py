@@ -161,7 +161,22 @@ def binary(cfg: DictConfig) -> Task:
 
     task = Task(loss=loss, from_logits=cfg.get("from_logits"), labels="binary", outputs=1)
     task.metrics = configured_metrics(cfg, task)
+    for metric in task.metrics:  # a bare Keras metric (AUC, BinaryCrossentropy...) of yours
+        if metric.stateful and metric.prepare is None:
+            metric.prepare = probabilities(task)
     return task
+
+
+def probabilities(task: Task) -> Prepare:
+    """prepare() for a stateful metric under task=binary: float 0/1 labels and probabilities
+    (a logit model's outputs through a sigmoid), both of shape [batch, 1]."""
+    def prepare(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        p = tf.reshape(tf.cast(p, tf.float32), [-1, 1])
+        if task.from_logits:
+            p = tf.sigmoid(p)
+        return tf.reshape(tf.cast(y, tf.float32), [-1, 1]), p
+
+    return prepare
 
 
 def aligned(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

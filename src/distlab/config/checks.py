@@ -89,6 +89,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("trainer.target needs both metric and value (e.g. "
                           "trainer.target.metric=val_accuracy trainer.target.value=0.99), or "
                           "neither")
+    best = cfg.trainer.best_checkpoint
+    if best.test and best.metric is None and cfg.trainer.early_stopping.metric is None:
+        raise ConfigError("trainer.best_checkpoint.test=true scores checkpoints/best, which "
+                          "exists only with trainer.best_checkpoint.metric (or "
+                          "trainer.early_stopping.metric) set, e.g. "
+                          "trainer.best_checkpoint.metric=val_loss")
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
     # a user dataset's node gets its registered schema (and these defaults) after this check

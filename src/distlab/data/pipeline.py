@@ -530,6 +530,10 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
     if choice is None:
         return raw
     if isinstance(choice, float):
+        if splits.validation is not None:
+            log.warning("dataset.validation=%g holds out a fraction of the train split, so the "
+                        "validation split %s returns is not used (dataset.validation=auto "
+                        "uses it)", choice, key)
         return dataclasses.replace(
             raw, held_out=held_out_rows(_labels(train) if classes else None, raw.num_train,
                                         choice, cfg.validation_seed),
@@ -537,8 +541,9 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
     if choice != "given" or splits.validation is None:
         raise DistlabError(
             f"dataset.validation={choice!r} names a split, but {key} is a dataset builder: "
-            "return DataSplits(..., validation=...) and set dataset.validation=auto, or hold "
-            "out a fraction of its train split (dataset.validation=0.1)")
+            "set dataset.validation=auto to use the validation split it returns "
+            "(DataSplits(..., validation=...)), or hold out a fraction of its train split "
+            "(dataset.validation=0.1)")
     validation = _as_dataset(splits.validation, key, "validation")
     return dataclasses.replace(raw, validation=validation, num_validation=_count(validation),
                                validation_from="DataSplits.validation")
@@ -693,15 +698,16 @@ def preprocessed_inputs(cfg: DictConfig, raw: Any) -> list[str]:
         chosen = [n for n in names if dtypes[n].is_floating]
     if settings and not chosen:
         key, value = settings[0]
+        off = "false" if key == "standardize" else "null"
         if isinstance(raw, tf.TypeSpec):
             raise DistlabError(
                 f"dataset.preprocess.{key}={value} cannot apply to this dataset's string "
-                "input: set it to null (strings reach the model as they are; adapt a "
+                f"input: set it to {off} (strings reach the model as they are; adapt a "
                 "TextVectorization or StringLookup layer in the model on them)")
         raise DistlabError(
             f"dataset.preprocess.{key}={value} applies to no input: by default it applies to "
             f"the float inputs, and this dataset's are {describe_inputs(raw)}; name the "
-            "numeric inputs to preprocess in dataset.preprocess.inputs, or set it to null")
+            f"numeric inputs to preprocess in dataset.preprocess.inputs, or set it to {off}")
     return chosen
 
 

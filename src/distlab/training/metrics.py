@@ -93,6 +93,8 @@ class StatefulMetrics:
         scratch = [_clone(m, sample) for m in self.metrics]
         for metric, obj in zip(self.metrics, scratch, strict=True):
             _check_additive(metric, obj)
+            if sample is not None:
+                _check_fits(metric, obj, sample)
         with strategy.scope():
             self.train = MetricSet(self.metrics, [_clone(m, sample) for m in self.metrics])
             self.eval = MetricSet(self.metrics, [_clone(m, sample) for m in self.metrics])
@@ -134,6 +136,25 @@ def _clone(metric: Metric, sample: Sample | None) -> keras.metrics.Metric:
                            "state variables (add_variable in its __init__)")
     clone.reset_state()
     return clone
+
+
+def _check_fits(metric: Metric, obj: keras.metrics.Metric, sample: Sample) -> None:
+    """Refuse, in one line naming it, a metric that cannot take this task's labels and model
+    outputs (a 10-class model's outputs fed to AUC, say), before the first step."""
+    one = sample()
+    try:
+        for rows in (2, 3):  # one row broadcasts against anything; 2 and 3 rows do not
+            labels, predictions = metric.inputs(*tf.nest.map_structure(
+                lambda t, n=rows: tf.repeat(t, n, axis=0), one))
+            obj.update_state(labels, predictions,
+                             sample_weight=tf.zeros(tf.shape(labels)[:1], obj.dtype))
+        obj.result()
+    except Exception as e:  # noqa: BLE001 - a user's metric: one line naming it
+        raise DistlabError(
+            f"task metric {metric.name!r} ({type(metric.per_example).__name__}) cannot take "
+            f"this task's labels and model outputs: {described(e)}. Use a metric made for "
+            "them, or give Metric(name, metric, prepare=fn) to map (y_true, y_pred)") from None
+    obj.reset_state()
 
 
 def _check_additive(metric: Metric, obj: keras.metrics.Metric) -> None:

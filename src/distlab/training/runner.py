@@ -29,7 +29,7 @@ from distlab.launch.results import TRAINED, objective_fields
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
 from distlab.training import experiment
-from distlab.training.checkpoints import Checkpoints, run_dir_of
+from distlab.training.checkpoints import Checkpoints, find_checkpoint, run_dir_of
 from distlab.training.controller import Controller
 from distlab.training.experiment import Experiment, effective_batch_size, learning_rate
 from distlab.training.export import export_and_check
@@ -105,6 +105,8 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
     reset_state(cfg.seed, cfg.deterministic, cfg.precision)
+    if cfg.mode == "evaluate" and worker.is_chief:
+        check_evaluation_splits(cfg)
     exp = experiment.build(cfg, run_dir, strategy, worker, started, origin)
     checkpoints = None
     try:
@@ -250,6 +252,36 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str
     return _results(exp, checkpoints.position[0], **_final_figures(loop), checkpoint=prefix,
                     train_examples_per_sec=None, learning_rate=None, steps_per_epoch=None,
                     trained=trained_with(prefix) if prefix else None)
+
+
+# what decides which rows of a dataset are trained on, and which validate
+SPLIT_KEYS = ("train_split", "validation", "validation_seed")
+
+
+def check_evaluation_splits(cfg: DictConfig) -> None:
+    """Refuse, in one line, an evaluation whose dataset splits differ from those the
+    checkpoint was trained with: its val_ figures would be on other rows, perhaps trained on
+    (e.g. dataset.validation=0.1 against a run trained with null, on all of train)."""
+    try:
+        prefix = find_checkpoint(cfg.ckpt_path)
+    except DistlabError:
+        return  # the restore says why, in its own words
+    trained = (run_dir_of(prefix).started_config() or {}).get("dataset")
+    if not trained or trained.get("name") != cfg.dataset.name:
+        return  # no config to compare with, or another dataset: none of its rows trained on
+    trained = {"validation": None, **trained}  # a run from before dataset.validation: none
+    differ = [f"dataset.{k}={_override(trained[k])}" for k in SPLIT_KEYS
+              if k in trained and trained[k] != cfg.dataset.get(k)]
+    if differ:
+        raise DistlabError(
+            f"ckpt_path={cfg.ckpt_path} was trained with {' '.join(differ)}, and this "
+            f"evaluation's splits differ: its val_ and test_ figures would be on other rows "
+            f"(perhaps ones it trained on). Add {' '.join(differ)} to evaluate on its splits")
+
+
+def _override(value: Any) -> str:
+    """A config value as a command-line override writes it."""
+    return "null" if value is None else f"'{value}'" if "[" in str(value) else str(value)
 
 
 def _figures(figures: dict[str, float | None]) -> str:

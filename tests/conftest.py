@@ -240,6 +240,35 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def sigterm_in_epoch_two(args: list[str], run_dir: Path,
+                         timeout: float = 180) -> tuple[int, str]:
+    """Start `python run.py ARGS hydra.run.dir=RUN_DIR`; once epoch 1's history row and its
+    checkpoint exist, SIGTERM it 0.3 s later (so the signal lands in epoch 2 however slow the
+    machine is). (exit status, output); the process is killed on expiry."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "run.py", *args, f"hydra.run.dir={run_dir}"],
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    history = run_dir / "history.csv"
+    try:
+        deadline = time.time() + timeout
+        while (not history.exists() or len(history.read_text().splitlines()) < 2
+               or not list(run_dir.glob("checkpoints/ckpt-*.index"))):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.time() < deadline, "timed out waiting for epoch 1"
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, output
+
+
 def stop_at(monkeypatch, epoch: int, step: int) -> None:
     """As a SIGTERM would: ask for a stop after step `step` of epoch `epoch` (0-based)."""
     import signal

@@ -8,9 +8,6 @@ import csv
 import json
 import re
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import keras
@@ -552,29 +549,15 @@ def test_monitors_and_objective_follow_each_stateful_metric_s_direction(binary_d
 def test_sigterm_mid_epoch_then_rerun_gives_the_uninterrupted_rows(binary_data, tmp_path):
     """The real signal, in `python run.py` (loop=keras_fit: fit resets its metrics when the
     resumed epoch starts, so the checkpoint's state is added to the resumed steps')."""
-    from conftest import ROOT, fast_overrides, run_cli
+    from conftest import fast_overrides, run_cli, sigterm_in_epoch_two
 
     args = [*fast_overrides(binary_data), *BINARY, "loop=keras_fit", "strategy=default",
             "trainer.steps_per_epoch=300", "dataset.batch_size_per_replica=16"]
     a, b = tmp_path / "a", tmp_path / "b"
     out = run_cli(*args, f"hydra.run.dir={a}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    proc = subprocess.Popen([sys.executable, "run.py", *args, f"hydra.run.dir={b}"], cwd=ROOT,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 180
-        while not (b / "history.csv").exists() or len(_history(b)) < 1:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.time() < deadline, "timed out waiting for epoch 1"
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    returncode, output = sigterm_in_epoch_two(args, b)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
     assert json.loads((b / "results.json").read_text())["steps_in_epoch"] > 0
     out = run_cli(*args, f"hydra.run.dir={b}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

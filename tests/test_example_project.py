@@ -101,3 +101,30 @@ def test_sweep_over_the_example(tmp_path):
         assert results["batch_size_per_replica"] == batch
         for metric in ("test_mae", "test_rmse", "test_loss"):  # the summary's are the job's
             assert float(jobs[num][metric]) == pytest.approx(results[metric], rel=1e-9), metric
+
+
+@pytest.mark.parametrize("loop,replicas", [("keras_fit", 1), ("custom", 2)])
+def test_breast_cancer_binary_figures_are_the_served_models(loop, replicas, tmp_path):
+    """task=binary on raw features standardised inside the model: the SavedModel, served raw
+    test features, gives the run's test_auc (scikit-learn's ROC AUC, within 2e-3), and its
+    test_precision and test_recall exactly at probability 0.5."""
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.metrics import precision_score, recall_score, roc_auc_score
+    from sklearn.model_selection import train_test_split
+
+    run_example("experiment=breast_cancer", f"loop={loop}", f"strategy.cpu_devices={replicas}",
+                "trainer.epochs=8", f"hydra.run.dir={tmp_path}", *QUIET)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["status"] == "completed" and results["num_replicas"] == replicas
+    x, y = load_breast_cancer(return_X_y=True)  # the example's split (test_fraction 0.25)
+    _, x_test, _, y_test = train_test_split(x.astype(np.float32), y, test_size=0.25,
+                                            random_state=0, stratify=y)
+    served = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
+    p = served(inputs=tf.constant(x_test))["output_0"].numpy()[:, 0]  # raw features in
+    assert results["test_auc"] == pytest.approx(roc_auc_score(y_test, p), abs=2e-3)
+    assert results["test_precision"] == pytest.approx(precision_score(y_test, p > 0.5), abs=1e-7)
+    assert results["test_recall"] == pytest.approx(recall_score(y_test, p > 0.5), abs=1e-7)
+    assert results["test_accuracy"] == pytest.approx(np.mean((p > 0.5) == y_test), abs=1e-7)
+    assert results["test_accuracy"] > 0.9 and results["num_validation"] == 43

@@ -7,13 +7,11 @@ import csv
 import json
 import logging
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides, run_cli, stop_at
+from conftest import fast_overrides, run_cli, sigterm_in_epoch_two, stop_at
 
 pytestmark = pytest.mark.slow  # every test here trains
 
@@ -113,11 +111,6 @@ def test_checkpoint_without_epoch_sums_still_resumes(run_inprocess, monkeypatch,
     assert len(warned) == 1 and "epoch 2" in warned[0] and "after step 2" in warned[0]
 
 
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
 def test_sigterm_mid_epoch_then_rerun_matches_the_uninterrupted_run(loop, tiny_data_dir,
@@ -129,24 +122,8 @@ def test_sigterm_mid_epoch_then_rerun_matches_the_uninterrupted_run(loop, tiny_d
     out = run_cli(*args, f"hydra.run.dir={a}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
 
-    proc = _start(*args, f"hydra.run.dir={b}")
-    try:
-        deadline = time.time() + 180
-        # epoch 1's row and its checkpoint (then the signal lands in epoch 2, however slow
-        # the machine is)
-        while (not (b / "history.csv").exists() or len(_history(b)) < 1
-               or not list(b.glob("checkpoints/ckpt-*.index"))):
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.time() < deadline, "timed out waiting for epoch 1"
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    returncode, output = sigterm_in_epoch_two(args, b)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
     assert _results(b)["steps_in_epoch"] > 0, "the signal did not land mid-epoch 2"
     out = run_cli(*args, f"hydra.run.dir={b}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]

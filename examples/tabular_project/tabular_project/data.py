@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from omegaconf import DictConfig
-from sklearn.datasets import load_diabetes, load_digits
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits
 from sklearn.model_selection import train_test_split
 
 import distlab
@@ -40,6 +40,14 @@ class DiabetesConfig(DatasetConfig):
     test_fraction: float = 0.2  # share of the 442 patients held out as the test split
     split_seed: int = 0  # random_state of the train/test split
     standardize_target: bool = True  # labels (y - train mean) / train std; false: raw y
+
+
+@dataclass
+class BreastCancerConfig(DatasetConfig):
+    """`dataset=breast_cancer`: distlab's common dataset keys plus the split's own."""
+
+    test_fraction: float = 0.25  # share of the 569 tumours held out as the test split
+    split_seed: int = 0  # random_state of the stratified train/test split
 
 
 def _split(x: np.ndarray, y: np.ndarray, cfg: DictConfig,
@@ -86,3 +94,16 @@ def diabetes(cfg: DictConfig) -> distlab.DataSplits:
         log.info("diabetes: target standardised with the train split's mean %.2f and "
                  "std %.2f (losses and metrics are in units of that std)", mean, std)
     return distlab.DataSplits(train=(x_train, y_train), test=(x_test, y_test), num_outputs=1)
+
+
+@distlab.register("dataset", "breast_cancer", schema=BreastCancerConfig)
+def breast_cancer(cfg: DictConfig) -> distlab.DataSplits:
+    """569 tumours, 30 raw features (radius, texture, ... in their own units, from 0.0 to
+    over 4000), label 1 = benign: a binary task. The features stay raw:
+    `dataset.preprocess.standardize: true` learns each one's mean and standard deviation on
+    the training split (validation held out), inside the model, which therefore serves raw
+    features."""
+    x, y = load_breast_cancer(return_X_y=True)
+    x_train, x_test, y_train, y_test = _split(x.astype(np.float32), y.astype(np.int64), cfg,
+                                              stratify=True)
+    return distlab.DataSplits(train=(x_train, y_train), test=(x_test, y_test), num_classes=2)

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.components.tasks import Metric, Task, aligned
+from distlab.components.tasks import Metric, Task, aligned, probabilities
 from distlab.errors import DistlabError
 from distlab.launch.results import BUILTIN_METRICS
 
@@ -40,26 +40,13 @@ def _check(name: str, task: Task) -> None:
                            f"of a task with {task.labels!r} labels")
 
 
-def _binary_inputs(task: Task, rank: int):
-    """prepare(y, p) for Keras' binary metrics: float 0/1 labels and probabilities, both of
-    shape [batch] (rank 1) or [batch, 1] (rank 2)."""
-    def prepare(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        y, p = aligned(y, tf.cast(p, tf.float32))
-        if task.from_logits:
-            p = tf.sigmoid(p)
-        shape = [-1] if rank == 1 else [-1, 1]
-        return tf.reshape(y, shape), tf.reshape(p, shape)
-
-    return prepare
-
-
 def accuracy(cfg: DictConfig, task: Task) -> Metric:
     """Classification: the top class is the label. Binary: the probability is above 0.5
     exactly when the label is 1."""
     _check("accuracy", task)
     if task.labels != "binary":
         return Metric("accuracy", keras.metrics.sparse_categorical_accuracy)
-    prepare = _binary_inputs(task, rank=1)
+    prepare = probabilities(task, rank=1)
 
     def binary_accuracy(y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
         y, p = prepare(y, p)
@@ -72,28 +59,28 @@ def auc(cfg: DictConfig, task: Task) -> Metric:
     """Area under the ROC curve (keras.metrics.AUC, 1000 thresholds)."""
     _check("auc", task)
     return Metric("auc", keras.metrics.AUC(num_thresholds=AUC_THRESHOLDS, name="auc"),
-                  prepare=_binary_inputs(task, rank=1))
+                  prepare=probabilities(task, rank=1))
 
 
 def precision(cfg: DictConfig, task: Task) -> Metric:
     """Of the examples predicted 1 (probability > 0.5), the fraction labelled 1."""
     _check("precision", task)
     return Metric("precision", keras.metrics.Precision(thresholds=THRESHOLD, name="precision"),
-                  prepare=_binary_inputs(task, rank=1))
+                  prepare=probabilities(task, rank=1))
 
 
 def recall(cfg: DictConfig, task: Task) -> Metric:
     """Of the examples labelled 1, the fraction predicted 1 (probability > 0.5)."""
     _check("recall", task)
     return Metric("recall", keras.metrics.Recall(thresholds=THRESHOLD, name="recall"),
-                  prepare=_binary_inputs(task, rank=1))
+                  prepare=probabilities(task, rank=1))
 
 
 def f1(cfg: DictConfig, task: Task) -> Metric:
     """The harmonic mean of precision and recall at probability 0.5."""
     _check("f1", task)
     return Metric("f1", keras.metrics.F1Score(average="micro", threshold=THRESHOLD, name="f1"),
-                  prepare=_binary_inputs(task, rank=2))
+                  prepare=probabilities(task, rank=2))
 
 
 def mae(cfg: DictConfig, task: Task) -> Metric:

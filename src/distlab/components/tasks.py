@@ -167,14 +167,17 @@ def binary(cfg: DictConfig) -> Task:
     return task
 
 
-def probabilities(task: Task) -> Prepare:
-    """prepare() for a stateful metric under task=binary: float 0/1 labels and probabilities
-    (a logit model's outputs through a sigmoid), both of shape [batch, 1]."""
+def probabilities(task: Task, rank: int = 2) -> Prepare:
+    """prepare() for a metric under task=binary: float 0/1 labels and probabilities (a logit
+    model's outputs through a sigmoid), both of shape [batch] (rank 1) or [batch, 1] (rank
+    2), as Keras' binary metrics take them."""
+    shape = [-1] if rank == 1 else [-1, 1]
+
     def prepare(y: tf.Tensor, p: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        p = tf.reshape(tf.cast(p, tf.float32), [-1, 1])
+        p = tf.cast(p, tf.float32)
         if task.from_logits:
             p = tf.sigmoid(p)
-        return tf.reshape(tf.cast(y, tf.float32), [-1, 1]), p
+        return tf.reshape(tf.cast(y, tf.float32), shape), tf.reshape(p, shape)
 
     return prepare
 

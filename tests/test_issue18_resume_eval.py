@@ -7,7 +7,6 @@ import csv
 import json
 import logging
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -184,43 +183,3 @@ def test_evaluate_restores_only_the_model(trained_with, steps, loop, evaluated_w
         assert not other_precision
     for key in ("test_loss", "test_accuracy"):
         assert evaluated[key] == pytest.approx(trained[key], rel=tolerance, abs=1e-6), key
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_two_workers_evaluate_a_checkpoint_of_another_optimizer(tiny_data_dir, tmp_path):
-    from test_multiworker import _run_cluster
-
-    train = tmp_path / "train"
-    out = run_cli(*fast_overrides(tiny_data_dir), "optimizer=sgd", "trainer.epochs=1",
-                  "trainer.steps_per_epoch=3", "trainer.validate_every=0",
-                  "strategy.cpu_devices=2", f"hydra.run.dir={train}")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    _run_cluster(tmp_path / "eval", *fast_overrides(tiny_data_dir), "loop=keras_fit",
-                 "mode=evaluate", f"ckpt_path={train}")
-    evaluated = _results(tmp_path / "eval" / "W0")
-    assert evaluated["num_replicas"] == 2
-    assert evaluated["test_loss"] == pytest.approx(_results(train)["test_loss"], abs=1e-6)
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_two_workers_preempted_mid_epoch_record_the_whole_epoch(tiny_data_dir, tmp_path):
-    """keras_fit across 2 workers: the preemption save reads the epoch's metric sums on every
-    worker; the resumed row equals one process's with 2 replicas."""
-    from test_multiworker import _cluster, _finish, _run_cluster, _wait_rows
-
-    args = (*fast_overrides(tiny_data_dir), "loop=keras_fit", "trainer.epochs=2",
-            "trainer.steps_per_epoch=100", "deterministic=true", "seed=5")
-    out = run_cli(*args, "strategy.cpu_devices=2", f"hydra.run.dir={tmp_path / 'one'}")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    procs, _ = _cluster(tmp_path, *args)
-    _wait_rows(procs, tmp_path / "W0", 1)
-    time.sleep(0.3)  # into epoch 2
-    procs[1].send_signal(signal.SIGTERM)
-    for proc in procs:
-        output = _finish(proc)
-        assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert _results(tmp_path / "W0")["steps_in_epoch"] > 0, "not stopped mid-epoch 2"
-    _run_cluster(tmp_path, *args)
-    _same_rows(tmp_path / "W0", tmp_path / "one")

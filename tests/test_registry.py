@@ -251,3 +251,46 @@ def test_cli_cpu_devices_names_the_module_that_started_tensorflow(tmp_path):
             in errors[0]), errors[0]
     assert "inside functions" in errors[0] and "sweep" not in errors[0].lower(), errors[0]
     assert "Traceback" not in out.stderr + out.stdout
+
+
+def _configs_entry_point(monkeypatch, value: str) -> None:
+    """Installed packages' `distlab.configs` entry points: just this one."""
+    from importlib.metadata import EntryPoint
+
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's plugin scan (re-)executes the module: patch it afterwards
+    import hydra_plugins.distlab_searchpath as searchpath
+
+    monkeypatch.setattr(searchpath, "entry_points", lambda group: [
+        EntryPoint("demo", value, group)] if group == "distlab.configs" else [])
+
+
+def test_configs_entry_point_puts_a_package_on_the_search_path(tmp_path, monkeypatch):
+    conf = tmp_path / "demo_configs_pkg" / "conf"
+    (conf / "model").mkdir(parents=True)
+    (conf.parent / "__init__.py").write_text("")
+    (conf / "__init__.py").write_text("")
+    (conf / "model" / "demo_mlp.yaml").write_text(
+        "defaults:\n  - /schema_model_mlp@_here_\n  - _self_\nname: mlp\nhidden_units: [7]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _configs_entry_point(monkeypatch, "demo_configs_pkg.conf")
+    cfg = compose(["model=demo_mlp"])  # found with no config dir of its own
+    assert cfg.model.name == "mlp" and list(cfg.model.hidden_units) == [7]
+
+    _configs_entry_point(monkeypatch, "no_such_configs_pkg.conf")
+    with pytest.raises(Exception, match=r"^distlab.configs entry point demo = "
+                                        r"no_such_configs_pkg.conf: no such package"):
+        compose([])
+
+
+def test_config_dir_that_is_no_directory_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", "conf",
+                          "experiment=mine"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert out.stderr.strip() == (
+        f"error: --config-dir conf: no directory {tmp_path / 'conf'} (a relative --config-dir "
+        f"is taken from the current directory, {tmp_path}). Run from the directory that holds "
+        "it or give its absolute path; configs shipped in an installed package (a "
+        "distlab.configs entry point) need none"), out.stderr

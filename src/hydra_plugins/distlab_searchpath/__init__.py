@@ -33,17 +33,18 @@ class DistlabPackageConfigs(SearchPathPlugin):
         if not _composing_distlab():
             return  # another Hydra app in this environment: leave its search path alone
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            package = ep.module
+            package, why = ep.module, None
             try:
                 spec = importlib.util.find_spec(package)
+            except ModuleNotFoundError:
+                spec = None
             except Exception as e:  # noqa: BLE001 - a parent package that fails to import
-                spec, why = None, f"{type(e).__name__}: {e}"
-            else:
-                why = "no such package"
-            if spec is None or not spec.submodule_search_locations:
-                raise SearchPathException(
-                    f"{ENTRY_POINT_GROUP} entry point {ep.name} = {ep.value}: {why} (a folder "
-                    "of YAMLs with an __init__.py); fix or uninstall that package")
+                why = f"importing it raised {type(e).__name__}: {e}"
+            if why is None and (spec is None or not spec.submodule_search_locations):
+                why = "no such package (a folder of YAMLs with an __init__.py)"
+            if why is not None:
+                raise SearchPathException(f"{ENTRY_POINT_GROUP} entry point {ep.name} = "
+                                          f"{ep.value}: {why}; fix or uninstall that package")
             search_path.append(provider=f"{ENTRY_POINT_GROUP} {ep.name}",
                                path=f"pkg://{package}")
 

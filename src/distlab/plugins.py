@@ -64,7 +64,8 @@ def load_plugins() -> None:
     _loaded_plugins = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            with _watching(f"{ep.module!r} (the distlab.plugins entry point {ep.name})"):
+            module = ep.value.partition(":")[0].strip()
+            with _watching(f"{module!r} (the distlab.plugins entry point {ep.name})"):
                 target = ep.load()
                 if callable(target):
                     target()

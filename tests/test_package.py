@@ -2,11 +2,12 @@
 
 It is built offline (no build isolation, no index) from a copy of the checkout, installed
 with `pip install --target`, and its `distlab` script composes from a directory outside the
-checkout with the installed configs.
+checkout with the installed configs; so does a plug-in package's preset, from the package.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
@@ -38,9 +40,28 @@ def _built_wheel(tmp_path: Path) -> Path:
     return wheel
 
 
-@pytest.mark.slow
-def test_wheel_installs_configs_and_command(tmp_path):
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """distlab's wheel, built once per module, and the folder it is installed in."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     wheel = _built_wheel(tmp_path)
+    site = tmp_path / "site"
+    out = subprocess.run([*PIP, "install", "--no-deps", "--no-index", "--target", str(site),
+                          str(wheel)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return wheel, site
+
+
+def _env(*paths: Path) -> dict[str, str]:
+    """This environment with `paths` ahead of the editable install's finder."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
+    env["PYTHONPATH"] = os.pathsep.join(map(str, paths))
+    return env
+
+
+@pytest.mark.slow
+def test_wheel_installs_configs_and_command(installed, tmp_path):
+    wheel, site = installed
 
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -53,20 +74,15 @@ def test_wheel_installs_configs_and_command(tmp_path):
     assert code <= names, f"not in the wheel (list new packages in pyproject): {code - names}"
     assert "[console_scripts]" in scripts and "distlab = distlab.cli:main" in scripts, scripts
 
-    site = tmp_path / "site"
-    out = subprocess.run([*PIP, "install", "--no-deps", "--no-index", "--target", str(site),
-                          str(wheel)], capture_output=True, text=True, timeout=180)
-    assert out.returncode == 0, out.stdout + out.stderr
     command = site / "bin" / "distlab"
     assert command.is_file(), sorted(p.name for p in site.iterdir())
     # Mark the installed config, so the output shows which conf/ was read.
-    installed = site / "distlab/conf/config.yaml"
-    installed.write_text(installed.read_text() + "seed: 4242\n")
+    config = site / "distlab/conf/config.yaml"
+    config.write_text(config.read_text() + "seed: 4242\n")
 
     user_dir = tmp_path / "user"  # outside the checkout, no conf/ in sight
     user_dir.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR")}
-    env["PYTHONPATH"] = str(site)  # ahead of the editable install's finder
+    env = _env(site)
 
     def distlab(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(command), *args], cwd=user_dir, env=env,
@@ -83,3 +99,31 @@ def test_wheel_installs_configs_and_command(tmp_path):
 
     bad = distlab("loop=nope")  # a group's options are listed from the installed package
     assert bad.returncode != 0 and "keras_fit_fast" in bad.stderr, bad.stdout + bad.stderr
+
+
+@pytest.mark.slow
+def test_plugin_package_ships_its_configs(installed, tmp_path):
+    """examples/plugin_package installed beside distlab: its preset runs from an empty
+    directory with no --config-dir (its distlab.configs and distlab.plugins entry points)."""
+    _, site = installed
+    tree = tmp_path / "plugin_package"  # a copy: the build leaves build/ and egg-info behind
+    shutil.copytree(ROOT / "examples/plugin_package", tree,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"))
+    plugin_site = tmp_path / "plugin_site"
+    out = subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--target", str(plugin_site), str(tree)],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    user_dir = tmp_path / "user"
+    user_dir.mkdir()
+    run = subprocess.run([sys.executable, str(site / "bin" / "distlab"), "experiment=moons",
+                          "trainer.epochs=1", "dataset.examples=256", "loop.verbose=0",
+                          "trainer.export=false"],
+                         cwd=user_dir, env=_env(plugin_site, site), capture_output=True,
+                         text=True, timeout=180)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    (results,) = user_dir.glob("outputs/*/*/results.json")
+    fields = json.loads(results.read_text())
+    assert fields["status"] == "completed" and fields["epochs_completed"] == 1, fields
+    config = yaml.safe_load((results.parent / ".hydra/config.yaml").read_text())
+    assert (config["dataset"]["name"], config["model"]["name"]) == ("moons", "moons_mlp")

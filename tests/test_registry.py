@@ -204,3 +204,93 @@ def test_cli_plugin_errors_are_one_line_and_fast(tmp_path):
             override, out.stdout[-2000:], out.stderr[-2000:])
         assert "Traceback" not in out.stderr + out.stdout
         assert elapsed < 5, (override, elapsed)
+
+
+def test_cpu_devices_error_names_what_started_tensorflow(monkeypatch):
+    """This session's runtime has 3 CPUs, so 4 cannot be applied: the message names the
+    module that started TensorFlow at import, else an earlier job (then the sweep advice),
+    else neither."""
+    import tensorflow as tf
+    from omegaconf import OmegaConf
+
+    from distlab.components import strategies
+
+    assert len(tf.config.list_logical_devices("CPU")) == 3  # (this starts the runtime)
+    cfg = OmegaConf.create({"cpu_devices": 4})
+    monkeypatch.setattr(plugins, "_tf_started_by", "'my_parts' (imports[0])")
+    monkeypatch.setattr(strategies, "_jobs_configured", 1)
+    with pytest.raises(DistlabError) as module:
+        strategies.configure_devices(cfg)
+    monkeypatch.setattr(plugins, "_tf_started_by", None)
+    monkeypatch.setattr(strategies, "_jobs_configured", 1)
+    with pytest.raises(DistlabError) as earlier:
+        strategies.configure_devices(cfg)
+    monkeypatch.setattr(strategies, "_jobs_configured", 0)
+    with pytest.raises(DistlabError) as unknown:
+        strategies.configure_devices(cfg)
+    assert "module 'my_parts' (imports[0]) was imported" in str(module.value)
+    assert "inside functions" in str(module.value) and "launcher" not in str(module.value)
+    assert "earlier job" in str(earlier.value) and "hydra/launcher=" in str(earlier.value)
+    assert "launcher" not in str(unknown.value) and "earlier job" not in str(unknown.value)
+    for error in (module, earlier, unknown):
+        assert "cpu_devices=4 cannot be applied" in str(error.value)
+        assert "3 CPU device(s)" in str(error.value)
+
+
+@pytest.mark.slow
+def test_cli_cpu_devices_names_the_module_that_started_tensorflow(tmp_path):
+    (tmp_path / "user_tf_state.py").write_text("import keras\n\nAUC = keras.metrics.AUC()\n")
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "imports=[user_tf_state]",
+                          "strategy.cpu_devices=2", f"hydra.run.dir={tmp_path / 'out'}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines()
+              if "[ERROR]" in line or line.startswith("error")]  # not TF's C++ log
+    assert out.returncode == 2 and len(errors) == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("cpu_devices=2 cannot be applied: TensorFlow already runs in this process with 1 "
+            "CPU device(s), started when module 'user_tf_state' (imports[0]) was imported"
+            in errors[0]), errors[0]
+    assert "inside functions" in errors[0] and "sweep" not in errors[0].lower(), errors[0]
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def _configs_entry_point(monkeypatch, value: str) -> None:
+    """Installed packages' `distlab.configs` entry points: just this one."""
+    from importlib.metadata import EntryPoint
+
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's plugin scan (re-)executes the module: patch it afterwards
+    import hydra_plugins.distlab_searchpath as searchpath
+
+    monkeypatch.setattr(searchpath, "entry_points", lambda group: [
+        EntryPoint("demo", value, group)] if group == "distlab.configs" else [])
+
+
+def test_configs_entry_point_puts_a_package_on_the_search_path(tmp_path, monkeypatch):
+    conf = tmp_path / "demo_configs_pkg" / "conf"
+    (conf / "model").mkdir(parents=True)
+    (conf.parent / "__init__.py").write_text("")
+    (conf / "__init__.py").write_text("")
+    (conf / "model" / "demo_mlp.yaml").write_text(
+        "defaults:\n  - /schema_model_mlp@_here_\n  - _self_\nname: mlp\nhidden_units: [7]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _configs_entry_point(monkeypatch, "demo_configs_pkg.conf")
+    cfg = compose(["model=demo_mlp"])  # found with no config dir of its own
+    assert cfg.model.name == "mlp" and list(cfg.model.hidden_units) == [7]
+
+    _configs_entry_point(monkeypatch, "no_such_configs_pkg.conf")
+    with pytest.raises(Exception, match=r"^distlab.configs entry point demo = "
+                                        r"no_such_configs_pkg.conf: no such package"):
+        compose([])
+
+
+def test_config_dir_that_is_no_directory_is_one_line(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", "conf",
+                          "experiment=mine"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
+    assert out.stderr.strip() == (
+        f"error: --config-dir conf: no directory {tmp_path / 'conf'} (a relative --config-dir "
+        f"is taken from the current directory, {tmp_path}). Run from the directory that holds "
+        "it or give its absolute path; configs shipped in an installed package (a "
+        "distlab.configs entry point) need none"), out.stderr

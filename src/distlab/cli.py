@@ -43,6 +43,27 @@ def hydra_job(cfg: DictConfig) -> float | None:
     return results.objective
 
 
+def check_config_dir_args(argv: list[str]) -> str | None:
+    """Why a `--config-dir`/`-cd` on the command line is not a directory, or None. Hydra
+    takes a relative one from the current directory (os.path.abspath), as checked here."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--config-dir="):
+            value = arg.partition("=")[2]
+        else:
+            continue
+        path = os.path.abspath(value)
+        if not os.path.isdir(path):
+            relative = "" if os.path.isabs(value) else (
+                f" (a relative --config-dir is taken from the current directory, "
+                f"{os.getcwd()})")
+            return (f"--config-dir {value}: no directory {path}{relative}. Run from the "
+                    "directory that holds it or give its absolute path; configs shipped "
+                    "in an installed package (a distlab.configs entry point) need none")
+    return None
+
+
 def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     """Parse the command line (Hydra overrides and flags), compose `config`, run the job(s).
 
@@ -52,6 +73,9 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     register_configs()
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")
+    if problem := check_config_dir_args(sys.argv[1:]):
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     app = hydra.main(version_base="1.3", config_path=config_path, config_name="config")(hydra_job)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's traceback
         return app()

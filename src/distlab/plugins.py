@@ -4,7 +4,8 @@
 `distlab.plugins` entry points once per process, imports the `imports:` modules, then
 resolves every group's `name` and checks it against the builder's schema, so a bad
 import path, a wrong signature, a name registered twice or a module that raises is one
-line naming the key, within seconds.
+line naming the key, within seconds. A module that starts TensorFlow when imported (a
+module-level Keras metric or variable) is remembered: `started_tensorflow()` names it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import dataclasses
 import importlib
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.metadata import entry_points
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -23,6 +26,33 @@ from distlab.registry import DATASETS, REGISTRIES, is_tfds_name
 
 ENTRY_POINT_GROUP = "distlab.plugins"
 _loaded_plugins = False
+_tf_started_by: str | None = None  # the user module whose import started TensorFlow
+
+
+def tensorflow_started() -> bool:
+    """Whether TensorFlow's runtime is initialised in this process (its devices then fixed).
+    TensorFlow has no public probe: its eager context's handle exists once it is."""
+    if "tensorflow" not in sys.modules:
+        return False
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
+
+
+def started_tensorflow() -> str | None:
+    """The user module (and the key that imported it) whose import started TensorFlow, if
+    one did; None when TensorFlow was started by anything else or not at all."""
+    return _tf_started_by
+
+
+@contextmanager
+def _watching(what: str) -> Iterator[None]:
+    """Remember `what` if TensorFlow was not running before it and is afterwards."""
+    global _tf_started_by
+    before = tensorflow_started()
+    yield
+    if not before and _tf_started_by is None and tensorflow_started():
+        _tf_started_by = what
 
 
 def load_plugins() -> None:
@@ -34,9 +64,11 @@ def load_plugins() -> None:
     _loaded_plugins = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
-            target = ep.load()
-            if callable(target):
-                target()
+            module = ep.value.partition(":")[0].strip()
+            with _watching(f"{module!r} (the distlab.plugins entry point {ep.name})"):
+                target = ep.load()
+                if callable(target):
+                    target()
         except DistlabError as e:
             raise DistlabError(f"plug-in entry point {ep.name} = {ep.value}: {e}") from None
         except Exception as e:  # noqa: BLE001 - any failure of user code, one line
@@ -51,7 +83,8 @@ def import_modules(modules: list[str]) -> None:
         sys.path.insert(0, os.getcwd())
     for i, module in enumerate(modules):
         try:
-            importlib.import_module(module)
+            with _watching(f"{module!r} (imports[{i}])"):
+                importlib.import_module(module)
         except DistlabError as e:
             raise DistlabError(f"imports[{i}]={module!r}: {e}") from None
         except ModuleNotFoundError as e:
@@ -76,13 +109,15 @@ def check(cfg: DictConfig) -> None:
         name = node.name
         if registry is DATASETS and is_tfds_name(name):
             continue  # checked when tfds loads it
-        registry.check(name)
+        with _watching(f"{str(name).partition(':')[0]!r} ({group}.name)"):
+            registry.check(name)
         schema = registry.schemas.get(name)
         if schema is not None:
             checked = check_schema(group, node, schema)
             with open_dict(cfg):
                 cfg[group] = checked
-    check_metric_names(cfg)  # task.metrics: distlab's, registered or import paths
+    with _watching("a task.metrics import path"):
+        check_metric_names(cfg)  # task.metrics: distlab's, registered or import paths
 
 
 def check_schema(group: str, node: DictConfig, schema: type) -> DictConfig:

@@ -20,13 +20,23 @@ from distlab.registry import STRATEGIES  # lists the builders here by import pat
 log = logging.getLogger(__name__)
 
 
+_jobs_configured = 0  # configure_devices calls in this process: a later one is a later job
+
+
 def configure_devices(cfg: DictConfig) -> None:
     """Split the host CPU into `cfg.cpu_devices` logical devices. Must run before any TF op.
 
     A process whose runtime already has at least that many logical CPUs (an earlier job of
-    an in-process sweep, a test session) is fine: the strategy then uses the first N.
+    an in-process sweep, a test session) is fine: the strategy then uses the first N. If it
+    has fewer, the error names what started TensorFlow: a user module at import, or an
+    earlier job in this process.
     """
+    global _jobs_configured
+    from distlab import plugins
+
     wanted = cfg.cpu_devices
+    earlier_job = _jobs_configured > 0
+    _jobs_configured += 1
     if not wanted:
         return
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -38,11 +48,23 @@ def configure_devices(cfg: DictConfig) -> None:
         have = len(tf.config.list_logical_devices("CPU"))
         if have >= wanted:
             return
+        cannot = (f"strategy.cpu_devices={wanted} cannot be applied: TensorFlow already runs "
+                  f"in this process with {have} CPU device(s)")
+        if module := plugins.started_tensorflow():
+            raise DistlabError(
+                f"{cannot}, started when module {module} was imported: it creates TensorFlow "
+                "state at import (e.g. a module-level keras.metrics.AUC() or tf.Variable). "
+                "Create TensorFlow objects inside functions (the registered builders), not "
+                "at import") from None
+        if earlier_job:
+            raise DistlabError(
+                f"{cannot}, started by an earlier job. Sweep it with one process per job "
+                "(hydra/launcher=submitit_local or joblib); from Python, run it in a new "
+                "process") from None
         raise DistlabError(
-            f"strategy.cpu_devices={wanted} cannot be applied: TensorFlow already runs in this "
-            f"process with {have} CPU device(s). Sweep it with one process per job "
-            "(hydra/launcher=submitit_local or joblib)"
-        ) from None
+            f"{cannot}, started before distlab could set its devices (by code run or "
+            "imported before the job). Create TensorFlow objects inside functions, not at "
+            "import") from None
 
 
 def _local_devices(cfg: DictConfig) -> list[str]:

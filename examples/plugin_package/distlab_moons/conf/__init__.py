@@ -1,0 +1,1 @@
+"""This package's distlab configs (found as pkg://distlab_moons.conf; no code)."""

@@ -96,6 +96,21 @@ def test_preprocess_applies_to_float_inputs_or_the_named_ones():
     assert text.input_spec.dtype == tf.string and text.input_spec.name == "inputs"
 
 
+def test_a_rescale_of_float_inputs_warns_that_it_may_be_mnist_s(caplog):
+    """dataset.name alone changed keeps mnist's rescale: 255; on float features that is
+    almost surely wrong, so distlab says so (and still applies it)."""
+    x_train = user_inputs.breast_cancer_split()[0]
+    data = _load("dataset.name=raw_breast_cancer", replicas=1)  # mnist's rescale: 255
+    features, _ = next(iter(data.train_epochs(0, 1)))
+    np.testing.assert_allclose(features[:4], x_train[:4] / 255, rtol=1e-6)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("dataset.preprocess.rescale=255 divides float input(s) inputs" in w
+               and "dataset.preprocess.rescale=null" in w for w in warned), warned
+    caplog.clear()
+    _load(*USER, "dataset.name=raw_breast_cancer", replicas=1)
+    assert not [r for r in caplog.records if "rescale" in r.getMessage()]
+
+
 @pytest.fixture(scope="module")
 def reviews_dir(tmp_path_factory) -> Path:
     """A tfds dataset with a text, a float and a variable-length feature."""

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -209,8 +210,11 @@ def test_adapted_statistics_are_deterministic_and_follow_a_restore(tmp_path):
     (("dataset.preprocess.standardize=true", "dataset.preprocess.mean=[0.5]"),
      "dataset.preprocess.standardize=true computes the mean and std from the training split: "
      "unset dataset.preprocess.mean"),
+    (("imports=[user_inputs]", "task.metrics=[accuracy,user_inputs:not_a_metric]"),
+     "task.metrics[1]='user_inputs:not_a_metric': a task's metrics are distlab Metric(name, "
+     "per_example) or keras.metrics.Metric objects, not str"),
 ], ids=["feature", "augment", "string-rescale", "string-standardize", "string-named",
-        "builtin-model", "standardize-and-mean"])
+        "builtin-model", "standardize-and-mean", "metric-builder-returns-neither-kind"])
 def test_input_mistakes_are_one_line_naming_the_key(overrides, message, run_inprocess,
                                                     tmp_path, caplog):
     out = tmp_path / "run"
@@ -232,6 +236,45 @@ def test_a_string_input_with_rescale_exits_2_without_a_traceback(tiny_data_dir, 
     assert "Traceback" not in out.stdout + out.stderr
     lines = [ln for ln in (out.stdout + out.stderr).splitlines() if "rescale=255.0" in ln]
     assert len(lines) == 1 and "string input" in lines[0]
+
+
+@pytest.mark.parametrize("case", ["input-structure", "metric-neither-kind",
+                                  "validation-fraction", "missing-split", "test-objective",
+                                  "test-monitor", "test-best-checkpoint"])
+def test_each_listed_mistake_is_one_line_exit_2_in_under_5_s(case, reviews_dir, tiny_data_dir,
+                                                              tmp_path):
+    """Issue 19's mistakes through `python run.py`: one output line naming the key, exit
+    status 2, no traceback, refused before TensorFlow starts (well under 5 s)."""
+    args, needle = {
+        "input-structure": ((f"dataset.data_dir={reviews_dir}", "dataset.name=tiny_reviews",
+                             "dataset.features.input=[text,stars]",
+                             "dataset.features.label=label", "model=mlp"),
+                            "model.name=mlp takes one numeric input tensor, and "
+                            "dataset.features.input=['text', 'stars'] gives a dict of inputs"),
+        "metric-neither-kind": (("task.metrics=[accuracy,distlab.registry:BUILTIN_TASKS]",),
+                                "task.metrics[1]='distlab.registry:BUILTIN_TASKS' is a tuple, "
+                                "not a callable"),
+        "validation-fraction": (("dataset.validation=1.5",),
+                                "dataset.validation='1.5' is invalid: must be auto, a fraction"),
+        "missing-split": ((f"dataset.data_dir={tiny_data_dir}", "dataset.validation=valid"),
+                          "dataset.validation='valid' names split 'valid', which mnist does not "
+                          "have (its splits: train, test"),
+        "test-objective": (("objective=test_accuracy",),
+                           "test_* fields are not objectives"),
+        "test-monitor": (("trainer.early_stopping.metric=test_accuracy",),
+                         "trainer.early_stopping.metric=test_accuracy would choose on the test "
+                         "split"),
+        "test-best-checkpoint": (("trainer.best_checkpoint.metric=test_loss",),
+                                 "trainer.best_checkpoint.metric=test_loss would choose on the "
+                                 "test split"),
+    }[case]
+    started = time.monotonic()
+    out = run_cli(*args, f"hydra.run.dir={tmp_path}", timeout=60)
+    elapsed = time.monotonic() - started
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode == 2, lines[-20:]
+    assert len(lines) == 1 and needle in lines[0], lines[-20:]
+    assert "Traceback" not in lines[0] and elapsed < 5, (elapsed, lines)
 
 
 # ---- training: both loops, 2 replicas, exact resume, serving raw inputs

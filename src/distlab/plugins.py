@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from distlab.config.checks import check_metric_names
+from distlab.data.prepared import check_tfds
 from distlab.errors import ConfigError, DistlabError, described, first_line
 from distlab.registry import DATASETS, REGISTRIES, is_tfds_name
 
@@ -97,7 +98,9 @@ def check(cfg: DictConfig) -> None:
             continue
         name = node.name
         if registry is DATASETS and is_tfds_name(name):
-            continue  # checked when tfds loads it
+            model = str(OmegaConf.select(cfg, "model.name", default=""))
+            check_tfds(cfg, builtin_model=REGISTRIES["model"].is_builtin(model))
+            continue  # the rest is checked when tfds loads it
         registry.check(name)
         schema = registry.schemas.get(name)
         if schema is not None:

@@ -154,10 +154,12 @@ def test_string_input_examples_serve_raw_inputs(example, experiment, tmp_path, m
     spec = importlib.util.spec_from_file_location(f"_{example}_data",
                                                   where / example / "data.py")
     data = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, data)  # its dataclasses look it up
     spec.loader.exec_module(data)
     node = OmegaConf.load(tmp_path / ".hydra" / "config.yaml").dataset
-    x, y = {"breast_cancer_two_inputs": data.breast_cancer_two_inputs,
-            "reviews": data.reviews_dataset}[experiment](node).test
+    builder = {"breast_cancer_two_inputs": "breast_cancer_two_inputs",
+               "reviews": "reviews_dataset"}[experiment]
+    x, y = getattr(data, builder)(node).test
     served = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
     inputs = x if isinstance(x, dict) else {"inputs": x}
     out = served(**{k: tf.constant(v) for k, v in inputs.items()})["output_0"].numpy()

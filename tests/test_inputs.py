@@ -382,7 +382,7 @@ def test_killed_mid_epoch_then_rerun_equals_the_uninterrupted_run(kind, loop, ru
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.time() < deadline, "timed out waiting for epoch 1"
             time.sleep(0.02)
-        time.sleep(0.1)
+        time.sleep(0.05)  # into epoch 2 (60 steps), well before its end
         proc.kill()  # SIGKILL: no handler, no final checkpoint
         proc.wait(timeout=60)
     finally:

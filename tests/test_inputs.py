@@ -8,13 +8,16 @@ import csv
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import user_inputs
-from conftest import ROOT, compose, run_cli, stop_at
+from conftest import ROOT, compose, fast_overrides, run_cli, stop_at
 
 from distlab.data import pipeline
 from distlab.errors import DistlabError
@@ -94,6 +97,21 @@ def test_preprocess_applies_to_float_inputs_or_the_named_ones():
     np.testing.assert_array_equal(features["num"], x["num"][:128])  # not named: untouched
     text = _load(*USER, "dataset.name=text_data")  # one string input: untouched
     assert text.input_spec.dtype == tf.string and text.input_spec.name == "inputs"
+
+
+def test_a_rescale_of_float_inputs_warns_that_it_may_be_mnist_s(caplog):
+    """dataset.name alone changed keeps mnist's rescale: 255; on float features that is
+    almost surely wrong, so distlab says so (and still applies it)."""
+    x_train = user_inputs.breast_cancer_split()[0]
+    data = _load("dataset.name=raw_breast_cancer", replicas=1)  # mnist's rescale: 255
+    features, _ = next(iter(data.train_epochs(0, 1)))
+    np.testing.assert_allclose(features[:4], x_train[:4] / 255, rtol=1e-6)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("dataset.preprocess.rescale=255 divides float input(s) inputs" in w
+               and "dataset.preprocess.rescale=null" in w for w in warned), warned
+    caplog.clear()
+    _load(*USER, "dataset.name=raw_breast_cancer", replicas=1)
+    assert not [r for r in caplog.records if "rescale" in r.getMessage()]
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +212,11 @@ def test_adapted_statistics_are_deterministic_and_follow_a_restore(tmp_path):
     (("dataset.preprocess.standardize=true", "dataset.preprocess.mean=[0.5]"),
      "dataset.preprocess.standardize=true computes the mean and std from the training split: "
      "unset dataset.preprocess.mean"),
+    (("imports=[user_inputs]", "task.metrics=[accuracy,user_inputs:not_a_metric]"),
+     "task.metrics[1]='user_inputs:not_a_metric': a task's metrics are distlab Metric(name, "
+     "per_example) or keras.metrics.Metric objects, not str"),
 ], ids=["feature", "augment", "string-rescale", "string-standardize", "string-named",
-        "builtin-model", "standardize-and-mean"])
+        "builtin-model", "standardize-and-mean", "metric-builder-returns-neither-kind"])
 def test_input_mistakes_are_one_line_naming_the_key(overrides, message, run_inprocess,
                                                     tmp_path, caplog):
     out = tmp_path / "run"
@@ -219,33 +240,90 @@ def test_a_string_input_with_rescale_exits_2_without_a_traceback(tiny_data_dir, 
     assert len(lines) == 1 and "string input" in lines[0]
 
 
+@pytest.mark.parametrize("case", ["input-structure", "metric-neither-kind",
+                                  "validation-fraction", "missing-split", "test-objective",
+                                  "test-monitor", "test-best-checkpoint"])
+def test_each_listed_mistake_is_one_line_exit_2_in_under_5_s(case, reviews_dir, tiny_data_dir,
+                                                              tmp_path):
+    """Issue 19's mistakes through `python run.py`: one output line naming the key, exit
+    status 2, no traceback, refused before TensorFlow starts (well under 5 s)."""
+    args, needle = {
+        "input-structure": ((f"dataset.data_dir={reviews_dir}", "dataset.name=tiny_reviews",
+                             "dataset.features.input=[text,stars]",
+                             "dataset.features.label=label", "model=mlp"),
+                            "model.name=mlp takes one numeric input tensor, and "
+                            "dataset.features.input=['text', 'stars'] gives a dict of inputs"),
+        "metric-neither-kind": (("task.metrics=[accuracy,distlab.registry:BUILTIN_TASKS]",),
+                                "task.metrics[1]='distlab.registry:BUILTIN_TASKS' is a tuple, "
+                                "not a callable"),
+        "validation-fraction": (("dataset.validation=1.5",),
+                                "dataset.validation='1.5' is invalid: must be auto, a fraction"),
+        "missing-split": ((f"dataset.data_dir={tiny_data_dir}", "dataset.validation=valid"),
+                          "dataset.validation='valid' names split 'valid', which mnist does not "
+                          "have (its splits: train, test"),
+        "test-objective": (("objective=test_accuracy",),
+                           "test_* fields are not objectives"),
+        "test-monitor": (("trainer.early_stopping.metric=test_accuracy",),
+                         "trainer.early_stopping.metric=test_accuracy would choose on the test "
+                         "split"),
+        "test-best-checkpoint": (("trainer.best_checkpoint.metric=test_loss",),
+                                 "trainer.best_checkpoint.metric=test_loss would choose on the "
+                                 "test split"),
+    }[case]
+    started = time.monotonic()
+    out = run_cli(*args, f"hydra.run.dir={tmp_path}", timeout=60)
+    elapsed = time.monotonic() - started
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode == 2, lines[-20:]
+    assert len(lines) == 1 and needle in lines[0], lines[-20:]
+    assert "Traceback" not in lines[0] and elapsed < 5, (elapsed, lines)
+
+
 # ---- training: both loops, 2 replicas, exact resume, serving raw inputs
-def _served_accuracy(run_dir: Path, inputs: dict, labels: np.ndarray) -> float:
-    served = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
-    logits = served(**{k: tf.constant(v) for k, v in inputs.items()})["output_0"].numpy()
-    return float(np.mean(logits.argmax(-1) == labels))
-
-
 def _padded(rows: list) -> np.ndarray:
     longest = max(len(r) for r in rows)
     return np.stack([np.pad(r, (0, longest - len(r))) for r in rows]).astype(np.int64)
 
 
+def raw_test_inputs(kind: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The test split's raw inputs by serving name, as a client sends them (the ids padded
+    with 0, strings and floats as they are), and its labels."""
+    if kind == "mixed":
+        x, y = user_inputs.mixed_arrays(96, 1)
+        return {**x, "ids": _padded(x["ids"])}, y
+    texts, y = user_inputs.sentences(96, 1)
+    return {"inputs": texts}, y
+
+
+def saved_model_cli_accuracy(run_dir: Path, inputs: dict[str, np.ndarray], labels: np.ndarray,
+                             tmp_path: Path) -> float:
+    """The accuracy of the logits TensorFlow's own `saved_model_cli run` computes from the
+    run's SavedModel (serving_default) on these raw inputs (given as .npy files)."""
+    for name, values in inputs.items():
+        np.save(tmp_path / f"{name}.npy", values)
+    cli = Path(sys.executable).with_name("saved_model_cli")
+    out = subprocess.run(
+        [str(cli), "run", "--dir", str(run_dir / "saved_model"), "--tag_set", "serve",
+         "--signature_def", "serving_default", "--outdir", str(tmp_path / "served"),
+         "--inputs", ";".join(f"{name}={tmp_path / name}.npy" for name in inputs)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    logits = np.load(tmp_path / "served" / "output_0.npy")
+    assert logits.shape == (len(labels), 2)
+    return float(np.mean(logits.argmax(-1) == labels))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 @pytest.mark.parametrize("kind", ["mixed", "text"])
-def test_structured_models_train_in_both_loops_and_serve_raw_inputs(kind, loop, run_once):
+def test_structured_models_train_in_both_loops_and_serve_raw_inputs(kind, loop, run_once,
+                                                                    tmp_path):
     results, run_dir = run_once(*(MIXED if kind == "mixed" else TEXT), f"loop={loop}")
     assert (results["status"], results["num_replicas"]) == ("completed", 2)
     assert results["export_max_abs_diff"] < 1e-4
-    if kind == "mixed":  # raw inputs: the client pads the ids (0), sends strings and floats
-        x, y = user_inputs.mixed_arrays(96, 1)
-        served = _served_accuracy(run_dir, {**x, "ids": _padded(x["ids"])}, y)
-        assert results["test_accuracy"] > 0.75
-    else:
-        texts, y = user_inputs.sentences(96, 1)
-        served = _served_accuracy(run_dir, {"inputs": texts}, y)
-        assert results["test_accuracy"] > 0.6
+    assert results["test_accuracy"] > (0.75 if kind == "mixed" else 0.6)
+    served = saved_model_cli_accuracy(run_dir, *raw_test_inputs(kind), tmp_path)
     assert served == pytest.approx(results["test_accuracy"], abs=1e-9)
 
 
@@ -278,6 +356,55 @@ def test_stopped_mid_epoch_then_rerun_equals_the_uninterrupted_run(run_once, run
         for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
             assert float(row[key]) == pytest.approx(float(want[key]), abs=1e-6), (row, key)
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, loop", [("mixed", "keras_fit"), ("text", "custom")])
+def test_killed_mid_epoch_then_rerun_equals_the_uninterrupted_run(kind, loop, run_once,
+                                                                  tiny_data_dir, tmp_path):
+    """kill -9 of a `python run.py` in epoch 2 (after epoch 1's checkpoint, before epoch 2's
+    row), then the same command again: every history row and the test figures equal the
+    uninterrupted run's within 1e-6 (the adapted StringLookup / TextVectorization /
+    Normalization state comes back from the checkpoint), and so does the served model."""
+    base = [a for a in (MIXED if kind == "mixed" else TEXT) if not a.startswith("trainer.epochs")]
+    args = (*base, f"loop={loop}", "trainer.epochs=3", "trainer.steps_per_epoch=60")
+    whole, whole_dir = run_once(*args)
+    run_dir = tmp_path / "killed"
+    command = [sys.executable, "run.py", *fast_overrides(tiny_data_dir), *args,
+               f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while not (len(_rows(run_dir) if (run_dir / "history.csv").exists() else []) >= 1
+                   and list(run_dir.glob("checkpoints/ckpt-*.index"))):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.time() < deadline, "timed out waiting for epoch 1"
+            time.sleep(0.02)
+        time.sleep(0.05)  # into epoch 2 (60 steps), well before its end
+        proc.kill()  # SIGKILL: no handler, no final checkpoint
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(_rows(run_dir)) == 1  # killed in epoch 2, after epoch 1's checkpoint
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "resuming from" in (run_dir / "run.log").read_text()
+    resumed = json.loads((run_dir / "results.json").read_text())
+    rows, want = _rows(run_dir), _rows(whole_dir)
+    assert [r["epoch"] for r in rows] == ["1", "2", "3"]
+    for row, expected in zip(rows, want, strict=True):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            assert float(row[key]) == pytest.approx(float(expected[key]), abs=1e-6), (row, key)
+    for key in ("test_loss", "test_accuracy", "val_loss"):
+        assert resumed[key] == pytest.approx(whole[key], abs=1e-6), key
+    served = saved_model_cli_accuracy(run_dir, *raw_test_inputs(kind), tmp_path)
+    assert served == pytest.approx(whole["test_accuracy"], abs=1e-9)
 
 
 @pytest.mark.slow

@@ -47,9 +47,13 @@ def test_import_paths():
     with pytest.raises(RegistryError, match=r"model\.name='no_such_pkg\.x:f' does not import: "
                                             r"ModuleNotFoundError"):
         MODELS.get("no_such_pkg.x:f")
-    with pytest.raises(RegistryError, match=r"model\.name='distlab\.components\.models:nope' "
-                                            r"does not import"):
+    with pytest.raises(RegistryError, match=r"model\.name='distlab\.components\.models:nope': "
+                                            r"module 'distlab\.components\.models' has no "
+                                            r"attribute 'nope' \(it imports"):
         MODELS.get("distlab.components.models:nope")
+    with pytest.raises(RegistryError, match=r"model\.name='distlab\.registry:BUILTIN_TASKS' "
+                                            r"is a tuple, not a callable"):
+        MODELS.get("distlab.registry:BUILTIN_TASKS")
 
 
 def test_wrong_signature_is_refused_naming_the_call():
@@ -142,6 +146,22 @@ def test_missing_imports_module_says_what_to_do(project):
     with pytest.raises(DistlabError, match=r"imports\[0\]='not_there' does not import.*run "
                                            r"from the directory"):
         plugins.import_modules(["not_there"])
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("distlab.registry.nope", "imports[0]='distlab.registry.nope' does not import: module "
+                              "'distlab.registry' has no submodule 'nope' (it is a module, not "
+                              "a package)"),
+    ("distlab.registry.register", "imports[0]='distlab.registry.register': 'register' is an "
+                                  "attribute of module 'distlab.registry', not a module; list "
+                                  "the module ('distlab.registry')"),
+    ("distlab.registry:register", "imports[0]='distlab.registry:register' is an import path; "
+                                  "imports: lists modules to import, e.g. 'distlab.registry'"),
+])
+def test_an_imports_entry_that_is_not_a_module_says_what_it_is(entry, message):
+    with pytest.raises(DistlabError) as info:
+        plugins.import_modules([entry])
+    assert str(info.value) == message
 
 
 def test_group_names_are_checked_before_anything_is_built():

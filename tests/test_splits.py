@@ -111,6 +111,9 @@ def test_a_builders_own_validation_split(tiny_data_dir, monkeypatch):
      "trainer.best_checkpoint.metric=val_loss needs a validation split"),
     (["dataset.validation=null", "objective=val_accuracy"],
      "objective=val_accuracy needs a validation split"),
+    (["objective=best_value"], "objective=best_value needs checkpoints/best, and none is "
+                               "configured: set it (e.g. trainer.best_checkpoint.metric=val_loss)"),
+    (["objective=epochs_to_target"], "objective=epochs_to_target needs trainer.target, and none"),
     (["trainer.best_checkpoint.test=true"],
      "trainer.best_checkpoint.test=true scores checkpoints/best, which exists only with"),
 ])
@@ -118,6 +121,21 @@ def test_choosing_on_the_test_split_is_refused(overrides, needle):
     with pytest.raises(ConfigError, match=None) as e:
         validate(compose(overrides))
     assert needle in str(e.value), str(e.value)
+
+
+def test_without_a_validation_split_no_val_columns_and_no_default_objective():
+    from distlab.launch.results import objective_fields
+    from distlab.launch.run_dir import history_columns
+
+    assert history_columns(["accuracy"], validation=False) == [
+        "epoch", "learning_rate", "loss", "accuracy", "seconds", "examples_per_sec"]
+    assert objective_fields(None, {"accuracy": True}, validation=False) == {
+        "objective": None, "objective_direction": None}
+    assert objective_fields("best_value", {"accuracy": True}, True, validation=False) == {
+        "objective": "best_value", "objective_direction": "maximize"}
+    assert objective_fields(None, {"mae": False})["objective"] == "val_mae"
+    validate(compose(["dataset.validation=null", "objective=best_value",
+                      "trainer.best_checkpoint.metric=loss"]))  # a train metric: accepted
 
 
 def test_the_tutorial_presets_keep_their_tutorials_splits():
@@ -176,11 +194,12 @@ def test_a_per_epoch_test_pass_is_labelled_test(run_inprocess, tmp_path):
                             "dataset.validation=null", "trainer.validate_every=0",
                             "trainer.test_every=1", out=out)
     rows = _history(out)
-    assert [k for k in rows[0] if "loss" in k] == ["loss", "val_loss", "test_loss"]
-    assert rows[0]["val_loss"] is None and results["val_loss"] is None
+    assert [k for k in rows[0] if "loss" in k] == ["loss", "test_loss"]  # no empty val_ columns
+    assert results["val_loss"] is None and results["val_accuracy"] is None
     assert rows[-1]["test_loss"] == pytest.approx(results["test_loss"], rel=1e-5)  # 6 digits
     assert results["validation"] is None and results["num_validation"] is None
-    assert (out / "logs" / "test").is_dir()
+    assert (results["objective"], results["objective_direction"]) == (None, None)
+    assert (out / "logs" / "test").is_dir() and not (out / "logs" / "validation").exists()
 
 
 @pytest.mark.slow

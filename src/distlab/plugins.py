@@ -21,6 +21,7 @@ from importlib.metadata import entry_points
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from distlab.config.checks import check_metric_names
+from distlab.data.prepared import check_tfds
 from distlab.errors import ConfigError, DistlabError, described, first_line
 from distlab.registry import DATASETS, REGISTRIES, is_tfds_name
 
@@ -89,6 +90,7 @@ def import_modules(modules: list[str]) -> None:
             raise DistlabError(f"imports[{i}]={module!r}: {e}") from None
         except ModuleNotFoundError as e:
             if e.name and module.startswith(e.name):
+                _refuse_not_a_module(i, module, e.name)
                 raise ConfigError(
                     f"imports[{i}]={module!r} does not import: no module named {e.name!r} "
                     "(run from the directory that holds it, or pip install its package)"
@@ -96,6 +98,27 @@ def import_modules(modules: list[str]) -> None:
             raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
         except Exception as e:  # noqa: BLE001 - user code, reported on one line
             raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
+
+
+def _refuse_not_a_module(i: int, module: str, missing: str) -> None:
+    """An `imports:` entry naming an import path or an attribute, not a module: one line
+    saying so (Python's own "No module named 'a.b'; 'a' is not a package" does not)."""
+    if ":" in module:
+        raise ConfigError(f"imports[{i}]={module!r} is an import path; imports: lists modules "
+                          f"to import, e.g. {module.split(':')[0]!r}")
+    parent, _, name = missing.rpartition(".")
+    if not parent:
+        return
+    try:
+        owner = importlib.import_module(parent)
+    except Exception:  # noqa: BLE001 - the parent's own failure is reported as before
+        return
+    if hasattr(owner, name):
+        raise ConfigError(f"imports[{i}]={module!r}: {name!r} is an attribute of module "
+                          f"{parent!r}, not a module; list the module ({parent!r})")
+    if not hasattr(owner, "__path__"):
+        raise ConfigError(f"imports[{i}]={module!r} does not import: module {parent!r} has no "
+                          f"submodule {name!r} (it is a module, not a package)")
 
 
 def check(cfg: DictConfig) -> None:
@@ -108,7 +131,9 @@ def check(cfg: DictConfig) -> None:
             continue
         name = node.name
         if registry is DATASETS and is_tfds_name(name):
-            continue  # checked when tfds loads it
+            model = str(OmegaConf.select(cfg, "model.name", default=""))
+            check_tfds(cfg, builtin_model=REGISTRIES["model"].is_builtin(model))
+            continue  # the rest is checked when tfds loads it
         with _watching(f"{str(name).partition(':')[0]!r} ({group}.name)"):
             registry.check(name)
         schema = registry.schemas.get(name)

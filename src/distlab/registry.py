@@ -1,15 +1,15 @@
 """One registry per config group: a group's `name` -> the callable that builds it.
 
-A name is a registered name or an import path `package.module:callable`, resolved with
-Hydra's own `hydra.utils.get_method`. distlab's own builders are listed here as import
+A name is a registered name or an import path `package.module:callable` (the module
+imported, then the attribute looked up). distlab's own builders are listed here as import
 paths, so checking a config's names never imports TensorFlow; user code adds names with
 `distlab.register` (from an `imports:` module or a `distlab.plugins` entry point).
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
-import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -134,18 +134,23 @@ def _declared(fn: Callable, names: tuple[str, ...]) -> list[str]:
 
 
 def _locate(path: str, key: str) -> Callable:
-    from hydra.utils import get_method
-
+    """`package.module:attr` (attr may be dotted): the module imported, then the attribute
+    looked up, each failure one line saying which."""
     module, _, attr = path.partition(":")
-    hydra_log = logging.getLogger("hydra.utils")  # it logs the failure too, in several lines
-    hydra_log.disabled = True
     try:
-        return get_method(f"{module}.{attr}")
-    except Exception as e:  # noqa: BLE001 - Hydra wraps the import error in several lines
-        cause = e.__cause__ or e.__context__ or e
-        raise RegistryError(f"{key} does not import: {described(cause)}") from None
-    finally:
-        hydra_log.disabled = False
+        target: Any = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - user code: any failure, one line
+        raise RegistryError(f"{key} does not import: {described(e)}") from None
+    for i, part in enumerate(attr.split(".")):
+        if not hasattr(target, part):
+            where = f"module {module!r}" if i == 0 else repr(f"{module}:{attr.rsplit('.', 1)[0]}")
+            raise RegistryError(f"{key}: {where} has no attribute {part!r} (it imports; check "
+                                "the name after the colon)")
+        target = getattr(target, part)
+    if not callable(target):
+        raise RegistryError(f"{key} is a {type(target).__name__}, not a callable (a builder "
+                            "function or class)")
+    return target
 
 
 def _where(fn: Any) -> str:

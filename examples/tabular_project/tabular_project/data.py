@@ -12,7 +12,7 @@ augment, ...) keep their meaning and defaults, and the builder's own keys (`test
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from omegaconf import DictConfig
@@ -48,6 +48,18 @@ class BreastCancerConfig(DatasetConfig):
 
     test_fraction: float = 0.25  # share of the 569 tumours held out as the test split
     split_seed: int = 0  # random_state of the stratified train/test split
+
+
+@dataclass
+class BreastCancerTwoInputsConfig(BreastCancerConfig):
+    """`dataset=breast_cancer_two_inputs`: as breast_cancer, plus the size bins."""
+
+    size_bins: list[float] = field(default_factory=lambda: [400.0, 550.0, 750.0, 1000.0])
+    # upper bounds of the "mean area" bins named by SIZES (one name more than bounds)
+
+
+SIZES = ["small", "medium", "large", "very large", "huge"]
+AREA = 3  # load_breast_cancer's column "mean area" (radius 0 and perimeter 2 go with it)
 
 
 def _split(x: np.ndarray, y: np.ndarray, cfg: DictConfig,
@@ -107,3 +119,25 @@ def breast_cancer(cfg: DictConfig) -> distlab.DataSplits:
     x_train, x_test, y_train, y_test = _split(x.astype(np.float32), y.astype(np.int64), cfg,
                                               stratify=True)
     return distlab.DataSplits(train=(x_train, y_train), test=(x_test, y_test), num_classes=2)
+
+
+@distlab.register("dataset", "breast_cancer_two_inputs", schema=BreastCancerTwoInputsConfig)
+def breast_cancer_two_inputs(cfg: DictConfig) -> distlab.DataSplits:
+    """The same tumours and split as `breast_cancer`, as two named inputs: `measurements`
+    (27 raw float features: every column but mean radius, perimeter and area) and `size`, a
+    string category binned from the mean area ("small" ... "huge", `size_bins`). The model
+    looks the category up (StringLookup) and embeds it; distlab standardises the float
+    input (`dataset.preprocess.standardize`) and leaves the strings alone."""
+    bounds = list(cfg.size_bins)
+    if len(bounds) != len(SIZES) - 1 or bounds != sorted(bounds):
+        raise distlab.DistlabError(
+            f"dataset.size_bins={bounds} is invalid: give {len(SIZES) - 1} increasing bounds")
+    x, y = load_breast_cancer(return_X_y=True)
+    size = np.array(SIZES)[np.digitize(x[:, AREA], bounds)]
+    inputs = {"measurements": np.delete(x, [0, 2, AREA], axis=1).astype(np.float32),
+              "size": size}
+    rows = np.arange(len(y))
+    train, test, y_train, y_test = _split(rows, y.astype(np.int64), cfg, stratify=True)
+    return distlab.DataSplits(train=({k: v[train] for k, v in inputs.items()}, y_train),
+                              test=({k: v[test] for k, v in inputs.items()}, y_test),
+                              num_classes=2)

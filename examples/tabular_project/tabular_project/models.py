@@ -1,10 +1,12 @@
-"""Two Keras model builders, each called as `f(cfg, input_shape, outputs)`.
+"""Keras model builders, each called as `f(cfg, input_shape, outputs)` (and, if declared,
+with `input_spec` and `train_inputs`).
 
 `small_convnet` is registered under a name with a schema (`model=small_convnet`, its keys
 checked before TensorFlow starts); `tabular_mlp` is not registered at all: a config names
 it by import path, `name: tabular_project.models:tabular_mlp`, and reads its keys with
 `cfg.get` (unchecked). Keras is imported inside the builders, so importing this module to
-register the names stays fast.
+register the names stays fast. `two_inputs` takes a dict of named inputs, one of them
+strings, and adapts a StringLookup on the training split.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import distlab
 
 if TYPE_CHECKING:
     import keras
+    import tensorflow as tf
 
 
 @dataclass
@@ -44,6 +47,42 @@ def small_convnet(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -
     layers += [keras.layers.Dense(units, activation="relu") for units in cfg.dense_units]
     layers.append(keras.layers.Dense(outputs, activation=cfg.output_activation))
     return keras.Sequential(layers, name="small_convnet")
+
+
+@dataclass
+class TwoInputsConfig:
+    """`model=two_inputs`: the keys its YAML may set."""
+
+    category: str = "size"  # the string input, looked up and embedded
+    embedding_dim: int = 3
+    width: int = 32  # one Dense-ReLU layer over [numeric inputs, embedding]
+    output_activation: str | None = None  # null: a logit; sigmoid: a probability
+
+
+@distlab.register("model", "two_inputs", schema=TwoInputsConfig)
+def two_inputs(cfg: DictConfig, input_shape: dict, outputs: int, *, input_spec: dict,
+               train_inputs: tf.data.Dataset) -> keras.Model:
+    """A dict of inputs: the string input `category` through a StringLookup adapted on the
+    training split (validation held out) and an Embedding; every other input as it comes
+    (numbers, standardised by `dataset.preprocess.standardize`); concatenated, Dense-ReLU,
+    Dense(outputs). The lookup's vocabulary is saved in checkpoints and the SavedModel,
+    which serves the raw strings."""
+    import keras
+
+    if cfg.category not in input_spec:
+        raise distlab.DistlabError(f"model.category={cfg.category!r} is not an input of this "
+                                   f"dataset; its inputs: {', '.join(sorted(input_spec))}")
+    lookup = keras.layers.StringLookup(name=f"{cfg.category}_lookup")
+    lookup.adapt(train_inputs.map(lambda x: x[cfg.category]))  # the training split only
+    inputs = distlab.keras_inputs(input_spec)  # {"measurements": ..., "size": ...}
+    embedded = keras.layers.Embedding(lookup.vocabulary_size(), cfg.embedding_dim,
+                                      name=f"{cfg.category}_embedding")(
+        lookup(inputs[cfg.category]))
+    numeric = [inputs[k] for k in sorted(inputs) if k != cfg.category]
+    x = keras.layers.Concatenate()([*numeric, embedded])
+    x = keras.layers.Dense(cfg.width, activation="relu")(x)
+    out = keras.layers.Dense(outputs, activation=cfg.output_activation)(x)
+    return keras.Model(inputs, out, name="two_inputs")
 
 
 def tabular_mlp(cfg: DictConfig, input_shape: tuple[int, ...], outputs: int) -> keras.Model:

@@ -95,6 +95,17 @@ def validate(cfg: DictConfig) -> None:
                           "exists only with trainer.best_checkpoint.metric (or "
                           "trainer.early_stopping.metric) set, e.g. "
                           "trainer.best_checkpoint.metric=val_loss")
+    objective = cfg.get("objective")
+    needs = {"best_value": ("checkpoints/best", best.metric or cfg.trainer.early_stopping.metric,
+                            "trainer.best_checkpoint.metric=val_loss"),
+             "epochs_to_target": ("trainer.target", target.metric,
+                                  "trainer.target.metric=val_accuracy trainer.target.value=0.9"),
+             "time_to_target_s": ("trainer.target", target.metric,
+                                  "trainer.target.metric=val_accuracy trainer.target.value=0.9")}
+    if objective in needs and needs[objective][1] is None:
+        what, _, example = needs[objective]
+        raise ConfigError(f"objective={objective} needs {what}, and none is configured: set "
+                          f"it (e.g. {example}) or choose another objective")
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
     # a user dataset's node gets its registered schema (and these defaults) after this check

@@ -721,6 +721,14 @@ def make_preprocess(cfg: DictConfig, raw: Any) -> Callable[[Any], Any]:
     std = None if cfg.std is None else tf.constant(list(cfg.std), tf.float32)
     chosen = set(preprocessed_inputs(cfg, raw))
     names = input_names(raw)
+    floats = [n for n, spec in zip(names, tf.nest.flatten(raw), strict=True)
+              if n in chosen and spec.dtype.is_floating]
+    if rescale is not None and floats:
+        log.warning("dataset.preprocess.rescale=%g divides float input(s) %s: rescale is meant "
+                    "for integer pixels (uint8 0..255), and a dataset option's rescale is kept "
+                    "when only dataset.name changes (mnist's 255); set "
+                    "dataset.preprocess.rescale=null unless these floats need it",
+                    rescale, ", ".join(floats))
     for name, spec in zip(names, tf.nest.flatten(raw), strict=True):
         channels = spec.shape[-1] if spec.shape.rank else None
         for key, value in (("mean", mean), ("std", std)):

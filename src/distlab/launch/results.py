@@ -61,8 +61,10 @@ FIELDS: tuple[Field, ...] = (
     Field("epochs_completed", "epochs trained so far (an evaluation: the checkpoint's)", "done",
           objective=True, trained=True),
     Field("objective", "the field a sweeper gets: `objective=`, else the task's first "
-          "validation metric (never a test_ field)", "done"),
-    Field("objective_direction", "maximize or minimize: how the objective ranks", "done"),
+          "validation metric (never a test_ field); null with dataset.validation=null and no "
+          "`objective=`", "done"),
+    Field("objective_direction", "maximize or minimize: how the objective ranks (null: no "
+          "objective)", "done"),
     Field("validation", "where the validation figures come from: a tfds split or slice, "
           "`<fraction> of <train split>` held out, `DataSplits.validation`, or null (none)",
           "done"),
@@ -144,11 +146,15 @@ def objective_value(results: dict[str, Any], objective: str | None) -> float | N
 
 
 def objective_fields(name: str | None, higher: Mapping[str, bool],
-                     best_maximizes: bool | None = None) -> dict[str, str]:
-    """results.json's `objective` (`name`, else the task's first validation metric) and
-    `objective_direction` (`maximizes`: task metrics their own way, times and epochs to
-    target down, `best_value` as its metric). `higher`: metric name -> higher_is_better."""
-    field = objective_field(name, list(higher))
+                     best_maximizes: bool | None = None,
+                     validation: bool = True) -> dict[str, str | None]:
+    """results.json's `objective` (`name`, else the task's first validation metric; null
+    without a validation split) and `objective_direction` (`maximizes`: task metrics their
+    own way, times and epochs to target down, `best_value` as its metric). `higher`: metric
+    name -> higher_is_better."""
+    field = objective_field(name, list(higher), validation)
+    if field is None:
+        return {"objective": None, "objective_direction": None}
     maximize = maximizes(field, higher, best_maximizes)
     return {"objective": field, "objective_direction": "maximize" if maximize else "minimize"}
 
@@ -232,10 +238,14 @@ def maximizes(field: str, higher: Mapping[str, bool], best_maximizes: bool | Non
     return not (field.endswith("_s") or "loss" in field or "error" in field)
 
 
-def objective_field(name: str | None, metric_names: list[str]) -> str:
+def objective_field(name: str | None, metric_names: list[str],
+                    validation: bool = True) -> str | None:
     """The field sweepers get: `objective`, else the task's first validation metric, else
-    val_loss (never a test_ field: the test split only reports)."""
-    return name or (f"val_{metric_names[0]}" if metric_names else "val_loss")
+    val_loss; without a validation split (dataset.validation=null) and no `objective`, none
+    (never a test_ field: the test split only reports)."""
+    if name or not validation:
+        return name or None
+    return f"val_{metric_names[0]}" if metric_names else "val_loss"
 
 
 def best_metric(trainer: DictConfig) -> tuple[str | None, str]:

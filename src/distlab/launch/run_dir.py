@@ -25,16 +25,19 @@ HISTORY_COLUMNS = ["epoch", "learning_rate", "loss", "accuracy", "val_loss", "va
                    "seconds", "examples_per_sec"]  # a classification task's history.csv
 
 
-def figure_columns(metrics: list[str], test: bool = False) -> list[str]:
-    """history.csv's figures for a task with these metric names: training, validation and,
-    with `test` (trainer.test_every > 0), the per-epoch test pass."""
-    splits = ["", "val_", *(["test_"] if test else [])]
+def figure_columns(metrics: list[str], test: bool = False,
+                   validation: bool = True) -> list[str]:
+    """history.csv's figures for a task with these metric names: training, validation
+    (unless dataset.validation=null) and, with `test` (trainer.test_every > 0), the
+    per-epoch test pass."""
+    splits = ["", *(["val_"] if validation else []), *(["test_"] if test else [])]
     return [f"{split}{m}" for split in splits for m in ("loss", *metrics)]
 
 
-def history_columns(metrics: list[str], test: bool = False) -> list[str]:
+def history_columns(metrics: list[str], test: bool = False,
+                    validation: bool = True) -> list[str]:
     """history.csv's columns for a task with these metric names."""
-    return ["epoch", "learning_rate", *figure_columns(metrics, test), "seconds",
+    return ["epoch", "learning_rate", *figure_columns(metrics, test, validation), "seconds",
             "examples_per_sec"]
 
 

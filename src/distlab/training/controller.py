@@ -42,7 +42,8 @@ class Controller:
         self.stop = StopRequest()  # set by a signal (distlab.distribute.preemption)
         self.preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
         self.history = History(exp.run_dir, exp.task.metric_names, exp.cfg.trainer.epochs,
-                               test=bool(exp.cfg.trainer.test_every))
+                               test=bool(exp.cfg.trainer.test_every),
+                               validation=exp.data.validation is not None)
         self.epochs: list[dict[str, Any]] = []  # the rows this process recorded
         self.intervals: list[Interval] = []  # timed training steps, for steady_state
         self.first_step_at: float | None = None

@@ -59,9 +59,9 @@ class Experiment:
 def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, worker: Worker,
           started: float, origin: float) -> Experiment:
     """The experiment `cfg` describes, under `strategy` (its variables in its scope)."""
+    task = tasks.build(cfg.task)  # first: a task or metric mistake before the data loads
     data = pipeline.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
                          cfg.trainer.steps_per_epoch)
-    task = tasks.build(cfg.task)
     tasks.check_labels(task, cfg.task.name, data.name, data.classes, data.outputs,
                        sample=lambda: some_labels(data))
     check_objective(cfg.objective, cfg.task.name, task.metric_names,  # a user task's: now

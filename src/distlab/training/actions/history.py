@@ -21,14 +21,17 @@ class History:
     """Records each epoch's row (see `distlab.launch.run_dir.history_columns`)."""
 
     def __init__(self, run_dir: RunDir, metric_names: list[str], epochs: int,
-                 test: bool = False) -> None:
-        """`test`: the rows have the per-epoch test pass's columns (trainer.test_every)."""
+                 test: bool = False, validation: bool = True) -> None:
+        """`test`: the rows have the per-epoch test pass's columns (trainer.test_every);
+        `validation`: the validation split's (none with dataset.validation=null: no val_
+        columns, no logs/validation)."""
         self.run_dir, self.metric_names, self.epochs = run_dir, metric_names, epochs
-        self.columns = history_columns(metric_names, test)
-        self.figures = figure_columns(metric_names, test)
+        self.columns = history_columns(metric_names, test, validation)
+        self.figures = figure_columns(metric_names, test, validation)
         logs = run_dir.logs
+        splits = ("train", *(["validation"] if validation else []), *(["test"] if test else []))
         self._writers = {split: tf.summary.create_file_writer(str(logs / split))
-                         for split in ("train", "validation", *(["test"] if test else []))}
+                         for split in splits}
 
     def row(self, epoch: int, learning_rate: float, figures: dict[str, float | None],
             **timing: float) -> dict[str, Any]:
@@ -55,7 +58,7 @@ class History:
             for key in (*names, "learning_rate", "examples_per_sec"):
                 tf.summary.scalar(f"epoch_{key}", row[key])
         for split, prefix in (("validation", "val_"), ("test", "test_")):
-            if row.get(f"{prefix}loss") is not None:
+            if row.get(f"{prefix}loss") is not None and split in self._writers:
                 with self._writers[split].as_default(step=step):
                     for key in names:
                         tf.summary.scalar(f"epoch_{key}", row[f"{prefix}{key}"])

@@ -156,7 +156,8 @@ def check_metric_names(cfg: DictConfig) -> None:
 def _check_int_range(cfg: DictConfig) -> None:
     """Integers beyond int32 overflow TensorFlow's counters: refuse them by key."""
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
-        if key.startswith("hydra.") or key == "seed" or not _distlab_option(cfg, key):
+        if (key.startswith(("hydra.", "callbacks.")) or key == "seed"
+                or not _distlab_option(cfg, key)):
             continue
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) >= INT_LIMIT

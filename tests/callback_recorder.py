@@ -6,6 +6,8 @@ import json
 
 import keras
 
+import distlab
+
 
 class Recorder(keras.callbacks.Callback):
     """Appends [hook, index, {logs}] per call to `path`; with `stop_epoch` (0-based) it sets
@@ -53,3 +55,8 @@ class NotACallback:
 class Raises(keras.callbacks.Callback):
     def __init__(self) -> None:
         raise ValueError("no notification service configured")
+
+
+@distlab.register("callback", "recorder")  # callbacks.<key>.name=recorder
+def recorder(cfg) -> Recorder:
+    return Recorder(**cfg)

@@ -105,12 +105,25 @@ def validate(cfg: DictConfig) -> None:
                           "reports and never chooses: use auto, a fraction of the train split "
                           "(0.1), another split, or null (with trainer.test_every=1 for a "
                           "per-epoch test pass)")
+    for name, entry in (cfg.get("callbacks") or {}).items():
+        check_callback_entry(f"callbacks.{name}", entry)
     _check_task_and_outputs(cfg)
     check_task_metrics(cfg.task)
     metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
     if metrics is not None:
         check_watched(cfg.trainer, list(metrics), validation is not None)
         check_objective(cfg.objective, cfg.task.name, list(metrics), validation is not None)
+
+
+def check_callback_entry(key: str, entry: Any) -> None:
+    """A `callbacks:` entry is a registered name, or a node with `_target_` or `name`."""
+    if isinstance(entry, str) or (
+            isinstance(entry, DictConfig) and ("_target_" in entry) != ("name" in entry)):
+        return
+    raise ConfigError(
+        f"{key} must be {{_target_: package.Class, <its arguments>}} (a "
+        "keras.callbacks.Callback), or a registered callback's name, e.g. "
+        f"+{key}._target_=keras.callbacks.CSVLogger +{key}.filename=epochs.csv")
 
 
 def _check_task_and_outputs(cfg: DictConfig) -> None:

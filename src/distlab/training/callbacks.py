@@ -17,6 +17,7 @@ from typing import Any
 import keras
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.config.checks import check_callback_entry
 from distlab.errors import ConfigError, DistlabError, described
 from distlab.registry import CALLBACKS
 
@@ -51,13 +52,9 @@ def has_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
 
 
 def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | None:
+    check_callback_entry(key, node)
     if isinstance(node, str):
         node = OmegaConf.create({"name": node})
-    if not isinstance(node, DictConfig) or ("_target_" in node) == ("name" in node):
-        raise ConfigError(
-            f"{key} must be {{_target_: package.Class, <its arguments>}} (a "
-            "keras.callbacks.Callback), or a registered callback's name, e.g. "
-            f"+{key}._target_=keras.callbacks.CSVLogger +{key}.filename=epochs.csv")
     args = OmegaConf.masked_copy(node, [k for k in node if k != CHIEF_ONLY])
     if "_target_" in node:
         target = str(node._target_)

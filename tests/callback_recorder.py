@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import keras
 
@@ -10,7 +11,7 @@ import distlab
 
 
 class Recorder(keras.callbacks.Callback):
-    """Appends [hook, index, {logs}] per call to `path`; with `stop_epoch` (0-based) it sets
+    """Appends [hook, index, {logs}, pid] per call to `path`; with `stop_epoch` (0-based) it sets
     model.stop_training at that epoch's end, or after its step `stop_step` (1-based)."""
 
     def __init__(self, path: str, stop_epoch: int | None = None,
@@ -21,7 +22,7 @@ class Recorder(keras.callbacks.Callback):
 
     def _record(self, hook: str, index: int | None = None, logs: dict | None = None) -> None:
         with open(self.path, "a") as f:
-            f.write(json.dumps([hook, index, logs]) + "\n")
+            f.write(json.dumps([hook, index, logs, os.getpid()]) + "\n")
 
     def on_train_begin(self, logs=None):
         assert self.model is not None and self.params["steps"] > 0

@@ -39,7 +39,7 @@ def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inproc
         run_inprocess(f"loop={loop}", block, *SMALL, "strategy.cpu_devices=2", RECORDER,
                       f"+callbacks.rec.path={path}", out=tmp_path / loop)
         calls[loop] = _calls(path)
-    hooks = {loop: [(hook, index, sorted(logs or {})) for hook, index, logs in c]
+    hooks = {loop: [(hook, index, sorted(logs or {})) for hook, index, logs, _ in c]
              for loop, c in calls.items()}
     assert hooks["custom"] == hooks["keras_fit"]
     # batch begin and end once per block of 2 steps (5 steps: 2, 2, 1), the logs running figures
@@ -53,7 +53,7 @@ def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inproc
     # the epoch's logs: its history.csv row's columns (but epoch), with the row's values
     for loop in calls:
         rows = _history(tmp_path / loop)
-        ends = [logs for hook, _, logs in calls[loop] if hook == "epoch_end"]
+        ends = [logs for hook, _, logs, _ in calls[loop] if hook == "epoch_end"]
         assert all(sorted(logs) == sorted(k for k in rows[0] if k != "epoch") for logs in ends)
         for logs, row in zip(ends, rows, strict=True):
             assert logs["val_loss"] == pytest.approx(float(row["val_loss"]), abs=1e-5)  # csv
@@ -76,7 +76,7 @@ def test_a_callback_that_stops_training(loop, stop_step, run_inprocess, tmp_path
     assert results["stopped_early"] == {"epoch": 2, "reason": "callback"}
     assert results["checkpoint"].endswith("ckpt-10")  # at that epoch's end: 2 x 5 steps
     assert [r["epoch"] for r in _history(out)] == ["1", "2"]
-    calls = [(hook, index) for hook, index, _ in _calls(path)]
+    calls = [(hook, index) for hook, index, *_ in _calls(path)]
     last_batch = (stop_step or 5) - 1
     assert calls[-4:] == [("batch_begin", last_batch), ("batch_end", last_batch),
                           ("epoch_end", 1), ("train_end", None)]
@@ -104,9 +104,34 @@ def test_sigkill_then_rerun_with_the_callback_resumes_exactly(tiny_data_dir, tmp
     for row, want in zip(resumed, expected, strict=True):
         for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
             assert float(row[key]) == pytest.approx(float(want[key]), abs=1e-6), key
-    rerun = [(h, i) for h, i, _ in _calls(path)]
+    rerun = [(h, i) for h, i, *_ in _calls(path)]
     second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
     assert rerun[second + 1] == ("epoch_begin", 1)  # the rerun's callbacks resume at epoch 2
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_workers_every_worker_and_chief_only_and_the_chiefs_stop(tiny_data_dir, tmp_path,
+                                                                      monkeypatch):
+    from test_multiworker import _results, _run_cluster
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT / "src")]))
+    every, chief = tmp_path / "every.jsonl", tmp_path / "chief.jsonl"
+    _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), "loop=keras_fit", *SMALL,
+                 "trainer.epochs=3", RECORDER, f"+callbacks.rec.path={every}",
+                 "+callbacks.boss._target_=callback_recorder.Recorder",
+                 f"+callbacks.boss.path={chief}", "+callbacks.boss._chief_only_=true",
+                 "+callbacks.boss.stop_epoch=1", "+callbacks.boss.stop_step=2")
+    results = _results(tmp_path / "W0")
+    assert results["stopped_early"] == {"epoch": 2, "reason": "callback"}
+    by_pid: dict[int, list] = {}
+    for hook, index, _, pid in _calls(every):
+        by_pid.setdefault(pid, []).append((hook, index))
+    assert len(by_pid) == 2 and len({pid for *_, pid in _calls(chief)}) == 1
+    first, second = by_pid.values()
+    assert first == second  # the same calls on both workers; the epoch ran to its end
+    assert first[-4:] == [("batch_begin", 4), ("batch_end", 4), ("epoch_end", 1),
+                          ("train_end", None)]
 
 
 @pytest.mark.parametrize("entry,says", [

@@ -99,13 +99,15 @@ class Controller:
         for epoch in range(initial_epoch, epochs):
             done = skip_steps if epoch == initial_epoch else 0
             self.epoch_begin(epoch, done)
-            while done < steps and not self.exp.model.stop_training:  # (set by a callback)
+            while done < steps:
                 n = min(loop.steps_per_call, steps - done)
                 self.step_begin(epoch, done)
                 chunk = loop.train_steps(iterator, n)
                 self._steps_sums = self._steps_sums + chunk
                 done += n
                 self.step_end(epoch, done, float(chunk[0]))
+                if exp.model.stop_training:  # a callback's, after a block (as model.fit)
+                    break
             if self.epoch_end(epoch):  # target, early stopping, or a callback's stop
                 break
 
@@ -282,8 +284,12 @@ class Controller:
             signal.SIGTERM)
 
     def close(self) -> None:
-        """End of training (or a stop): a running profiler trace is written out."""
+        """End of training (or a stop): a running profiler trace is written out, and an
+        unfinished progress bar's line is ended before any message."""
         self.profiler.close()
+        if self._bar is not None:
+            print(flush=True)
+            self._bar = None
 
     # ---- results
     def throughput(self) -> dict[str, Any]:

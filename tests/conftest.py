@@ -240,11 +240,12 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def sigterm_in_epoch_two(args: list[str], run_dir: Path,
-                         timeout: float = 180) -> tuple[int, str]:
+def sigterm_in_epoch_two(args: list[str], run_dir: Path, timeout: float = 180,
+                         signum: int | None = None) -> tuple[int, str]:
     """Start `python run.py ARGS hydra.run.dir=RUN_DIR`; once epoch 1's history row and its
-    checkpoint exist, SIGTERM it 0.3 s later (so the signal lands in epoch 2 however slow the
-    machine is). (exit status, output); the process is killed on expiry."""
+    checkpoint exist, SIGTERM it (or send `signum`, e.g. SIGKILL) 0.3 s later (so the signal
+    lands in epoch 2 however slow the machine is). (exit status, output); the process is
+    killed on expiry."""
     import signal
     import time
 
@@ -260,7 +261,7 @@ def sigterm_in_epoch_two(args: list[str], run_dir: Path,
             assert time.time() < deadline, "timed out waiting for epoch 1"
             time.sleep(0.05)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM if signum is None else signum)
         output = proc.communicate(timeout=60)[0]
     finally:
         if proc.poll() is None:

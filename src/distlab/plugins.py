@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from distlab.config.checks import check_metric_names
 from distlab.data.prepared import check_tfds
 from distlab.errors import ConfigError, DistlabError, described, first_line
-from distlab.registry import DATASETS, REGISTRIES, is_tfds_name
+from distlab.registry import CALLBACKS, DATASETS, REGISTRIES, is_tfds_name
 
 ENTRY_POINT_GROUP = "distlab.plugins"
 _loaded_plugins = False
@@ -143,6 +143,14 @@ def check(cfg: DictConfig) -> None:
                 cfg[group] = checked
     with _watching("a task.metrics import path"):
         check_metric_names(cfg)  # task.metrics: distlab's, registered or import paths
+    for key, entry in (cfg.get("callbacks") or {}).items():  # their names (not _target_s)
+        name = entry if isinstance(entry, str) else entry.get("name")
+        if name is not None:
+            try:
+                CALLBACKS.check(str(name))
+            except DistlabError as e:
+                raise ConfigError(str(e).replace("callback.name=", f"callbacks.{key}.name="
+                                                 )) from None
 
 
 def check_schema(group: str, node: DictConfig, schema: type) -> DictConfig:

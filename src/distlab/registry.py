@@ -180,9 +180,11 @@ LOOPS = Registry("loop", ("exp",), {
 # task.metrics names: f(cfg, task) -> a distlab Metric or a keras.metrics.Metric
 METRICS = Registry("metric", ("cfg", "task"), {
     name: f"distlab.components.metrics:{name}" for name in BUILTIN_METRICS})
+# callbacks.<key>.name names: f(cfg) -> a keras.callbacks.Callback (cfg: that entry's keys)
+CALLBACKS = Registry("callback", ("cfg",))
 
 REGISTRIES: dict[str, Registry] = {r.group: r for r in (
-    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS, METRICS)}
+    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS, METRICS, CALLBACKS)}
 
 
 def register(group: str, name: str, fn: Callable | None = None, *,

@@ -116,12 +116,25 @@ def validate(cfg: DictConfig) -> None:
                           "reports and never chooses: use auto, a fraction of the train split "
                           "(0.1), another split, or null (with trainer.test_every=1 for a "
                           "per-epoch test pass)")
+    for name, entry in (cfg.get("callbacks") or {}).items():
+        check_callback_entry(f"callbacks.{name}", entry)
     _check_task_and_outputs(cfg)
     check_task_metrics(cfg.task)
     metrics = builtin_task_metrics(cfg.task)  # a user task's are checked once it is built
     if metrics is not None:
         check_watched(cfg.trainer, list(metrics), validation is not None)
         check_objective(cfg.objective, cfg.task.name, list(metrics), validation is not None)
+
+
+def check_callback_entry(key: str, entry: Any) -> None:
+    """A `callbacks:` entry is a registered name, or a node with `_target_` or `name`."""
+    if isinstance(entry, str) or (
+            isinstance(entry, DictConfig) and ("_target_" in entry) != ("name" in entry)):
+        return
+    raise ConfigError(
+        f"{key} must be {{_target_: package.Class, <its arguments>}} (a "
+        "keras.callbacks.Callback), or a registered callback's name, e.g. "
+        f"+{key}._target_=keras.callbacks.CSVLogger +{key}.filename=epochs.csv")
 
 
 def _check_task_and_outputs(cfg: DictConfig) -> None:
@@ -167,7 +180,8 @@ def check_metric_names(cfg: DictConfig) -> None:
 def _check_int_range(cfg: DictConfig) -> None:
     """Integers beyond int32 overflow TensorFlow's counters: refuse them by key."""
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
-        if key.startswith("hydra.") or key == "seed" or not _distlab_option(cfg, key):
+        if (key.startswith(("hydra.", "callbacks.")) or key == "seed"
+                or not _distlab_option(cfg, key)):
             continue
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, int) and not isinstance(v, bool) and abs(v) >= INT_LIMIT

@@ -302,8 +302,10 @@ class ExponentialScheduleConfig(ScheduleConfig):
 @dataclass
 class LoopConfig:
     name: str = MISSING
-    # 0 silent, 1 progress bar, 2 one line per epoch
-    verbose: int = checked(1, (lambda v: v in (0, 1, 2), "must be 0, 1 or 2"))
+    # the progress bar during each epoch: auto (only when stdout is a terminal), 1 (always),
+    # 0 or 2 (never: distlab's one line per epoch only)
+    verbose: Any = checked("auto", (lambda v: v in ("auto", 0, 1, 2) and v is not True,
+                                    "must be auto, 0, 1 or 2"))
     jit_compile: bool = False  # XLA (not over several logical CPU devices)
 
 
@@ -406,6 +408,10 @@ class Config:
     task: Any = MISSING
     # your modules, imported before names are resolved (they may distlab.register names)
     imports: list[str] = field(default_factory=list)
+    # Keras callbacks, by a name of your choice: {_target_: package.Class, <its arguments>}
+    # (hydra.utils.instantiate), or {name: <registered callback>, ...}; `_chief_only_: true`
+    # runs one on the chief only (multi-worker). See README "Callbacks"
+    callbacks: dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     seed: int = checked(42, (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"))
     deterministic: bool = False  # true: seed everything and turn on TF op determinism

@@ -100,8 +100,8 @@ FIELDS: tuple[Field, ...] = (
     Field("best_value", "its best value", "optional", objective=True),
     Field("best_epoch", "the epoch of checkpoints/best", "optional"),
     Field("best_checkpoint", "checkpoints/best's prefix", "optional"),
-    Field("stopped_early", "{epoch, reason}: training ended at the target or by early "
-          "stopping", "optional"),
+    Field("stopped_early", "{epoch, reason}: training ended early; reason: target, "
+          "early_stopping, or callback (a callback set model.stop_training)", "optional"),
     Field("checkpoint", "the latest checkpoint's prefix (an evaluation: the one evaluated)",
           "done"),
     Field("steps_in_epoch", "an interrupted run's steps into its next epoch", "optional"),

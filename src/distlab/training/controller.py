@@ -7,24 +7,36 @@ with trainer.test_every, the test split, reported only),
 records the row (history.csv, TensorBoard, the summary line), updates the monitors (target,
 early stopping, best checkpoint) and saves checkpoints on their cadence. A loop that runs
 its own epochs (`keras_fit`, through `model.fit`) calls the same `epoch_begin`,
-`step_end` and `epoch_end` from a Keras callback, so every loop writes the same run dir.
+`step_begin`, `step_end` and `epoch_end` from a Keras callback, so every loop writes the
+same run dir.
+
+The same hooks drive the user's Keras callbacks (`callbacks:`, one `CallbackList`) and the
+progress bar, once, for every loop: train begin and end, epoch begin and end (the logs: the
+history row's columns), and train batch begin and end around each block of
+`loop.steps_per_call` steps (the logs: the epoch's running loss and metrics). A callback
+that sets `model.stop_training` ends training after the current block: that epoch's row
+covers the steps it ran (as in `model.fit`), it is checkpointed, and results.json records
+`stopped_early` with reason `callback`.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from distlab.distribute.preemption import Interrupted, StopRequest
 from distlab.training.actions.history import History
 from distlab.training.actions.nan_guard import check_finite
 from distlab.training.actions.profiler import Profiler
 from distlab.training.actions.throughput import Interval, steady_state
+from distlab.training.callbacks import has_batch_hooks
 from distlab.training.checkpoints import Checkpoints
 from distlab.training.experiment import Experiment
 
@@ -37,7 +49,9 @@ log = logging.getLogger("distlab")
 class Controller:
     """Drives `loop` over the run's epochs and does everything between its steps."""
 
-    def __init__(self, exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> None:
+    def __init__(self, exp: Experiment, loop: Loop, checkpoints: Checkpoints,
+                 callbacks: list[keras.callbacks.Callback] | None = None) -> None:
+        """`callbacks`: the user's Keras callbacks this process runs (`training.callbacks`)."""
         self.exp, self.loop, self.checkpoints = exp, loop, checkpoints
         self.stop = StopRequest()  # set by a signal (distlab.distribute.preemption)
         self.preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
@@ -56,17 +70,27 @@ class Controller:
         self._start, self._first = 0.0, 0  # the epoch's start: time, steps done before it
         self._base = np.zeros(loop.num_sums)  # a resumed epoch's sums before the resume
         self._steps_sums = np.zeros(loop.num_stats)  # the batch stats of this epoch's steps
+        self.callbacks = keras.callbacks.CallbackList(
+            callbacks or [], model=exp.model, verbose=0, epochs=exp.cfg.trainer.epochs,
+            steps=exp.data.steps_per_epoch)
+        self._batch_logs = has_batch_hooks(self.callbacks.callbacks)  # else no batch hooks
+        self._bar: keras.utils.Progbar | None = None  # this epoch's progress bar
+        self._stop_asked = False  # a callback set model.stop_training (multi-worker: pending)
 
     @property
     def finished(self) -> bool:
-        """Whether training ended early (target reached with stop, or early stopping)."""
+        """Whether training ended early (target reached with stop, early stopping, or a
+        callback's model.stop_training)."""
         return self.exp.monitors.stopped
 
     # ---- the epoch loop
     def train(self, initial_epoch: int, skip_steps: int = 0) -> None:
         """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
         steps of `initial_epoch` (a run resumed mid-epoch)."""
+        self.exp.model.stop_training = False
+        self.callbacks.on_train_begin()
         self.loop.run(self, initial_epoch, skip_steps)
+        self.callbacks.on_train_end(self.epoch_logs(self.epochs[-1]) if self.epochs else None)
 
     def drive(self, initial_epoch: int, skip_steps: int = 0) -> None:
         """The epoch loop of a step-driven loop (`Loop.run`'s default)."""
@@ -75,29 +99,45 @@ class Controller:
         iterator = loop.train_iterator(initial_epoch, skip_steps)
         for epoch in range(initial_epoch, epochs):
             done = skip_steps if epoch == initial_epoch else 0
-            bar = self._progress_bar(epoch)
             self.epoch_begin(epoch, done)
             while done < steps:
                 n = min(loop.steps_per_call, steps - done)
+                self.step_begin(epoch, done)
                 chunk = loop.train_steps(iterator, n)
                 self._steps_sums = self._steps_sums + chunk
                 done += n
                 self.step_end(epoch, done, float(chunk[0]))
-                if bar is not None:
-                    rate = self._steps_sums[-1] / max(time.time() - self._start, 1e-9)
-                    bar.update(done, [*loop.means(self.running_sums()).items(),
-                                      ("examples/sec", rate)])
-            if self.epoch_end(epoch):  # target reached (with stop), or early stopping
+                if exp.model.stop_training:  # a callback's, after a block (as model.fit)
+                    break
+            if self.epoch_end(epoch):  # target, early stopping, or a callback's stop
                 break
 
-    def _progress_bar(self, epoch: int) -> keras.utils.Progbar | None:
+    @property
+    def shows_progress(self) -> bool:
+        """Whether this process draws a progress bar: the chief's, with loop.verbose=1, or
+        auto (the default) when stdout is a terminal (not in a pipe, a log or CI)."""
         verbose = self.exp.cfg.loop.verbose
-        if not verbose:
+        return self.exp.worker.is_chief and (
+            verbose == 1 or (verbose == "auto" and sys.stdout.isatty()))
+
+    def _progress_bar(self, epoch: int) -> keras.utils.Progbar | None:
+        if not self.shows_progress:
             return None
         print(f"Epoch {epoch + 1}/{self.exp.cfg.trainer.epochs}", flush=True)
         names = ["loss", *self.exp.task.metric_names]
-        return keras.utils.Progbar(self.exp.data.steps_per_epoch, verbose=verbose,
+        return keras.utils.Progbar(self.exp.data.steps_per_epoch, verbose=1,
                                    stateful_metrics=[*names, "examples/sec"])
+
+    def _update_bar(self, steps_done: int, figures: dict[str, float],
+                    finalize: bool | None = None) -> None:
+        if self._bar is None:
+            return
+        seconds = max(time.time() - self._start, 1e-9)
+        rate = (self._examples(steps_done) - self._examples(self._first)) / seconds
+        self._bar.update(steps_done, [*figures.items(), ("examples/sec", rate)],
+                         finalize=finalize)
+        if finalize or steps_done >= self.exp.data.steps_per_epoch:
+            self._bar = None  # finished: its last line ends with a newline
 
     def running_sums(self) -> np.ndarray:
         """The current epoch's summed batch stats so far (loss, metrics..., count), then the
@@ -117,9 +157,17 @@ class Controller:
         self._steps_sums = np.zeros(self.loop.num_stats)
         self.exp.metrics.train.reset()  # (fit also resets its compiled metrics)
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
+        self._bar = self._progress_bar(epoch)
+        self.callbacks.on_epoch_begin(epoch)
+
+    def step_begin(self, epoch: int, steps_done: int) -> None:
+        """Before a step (or a block of steps) of epoch `epoch`, after `steps_done` steps."""
+        if self._batch_logs:  # (else every batch hook is Keras' no-op)
+            self.callbacks.on_train_batch_begin(steps_done)
 
     def step_end(self, epoch: int, steps_done: int, loss: float) -> None:
-        """After a step (or a block of steps): timing, NaN guard, preemption, profiler."""
+        """After a step (or a block of steps): timing, NaN guard, the callbacks' batch end
+        and the progress bar, preemption, profiler."""
         now = time.time()
         if self.first_step_at is None:
             self.first_step_at = now
@@ -130,6 +178,12 @@ class Controller:
         self._mark = (now, steps_done)
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
         check_finite(loss, epoch, steps_done, self.checkpoints.latest)
+        figures = (self.loop.means(self.running_sums())
+                   if self._batch_logs or self._bar is not None else None)
+        if self._batch_logs:
+            self.callbacks.on_train_batch_end(steps_done - 1, figures)  # the block's last step
+        self._update_bar(steps_done, figures or {})
+        self._callback_stop()
         if steps_done < self.exp.data.steps_per_epoch:  # else epoch_end stops, after its row
             self.stop_if_asked(epoch, steps_done)
 
@@ -138,6 +192,7 @@ class Controller:
         checkpoints. True when training must end now (target with stop, early stopping)."""
         exp, train_end = self.exp, time.time()
         figures = self.loop.means(self.running_sums())  # the whole epoch's, resumed or not
+        self._update_bar(self._mark[1], figures, finalize=True)  # before any line is logged
         if self._every(epoch, "validate_every") and exp.data.validation is not None:
             figures.update({f"val_{k}": v for k, v in self.loop.evaluate("validation").items()})
         if self._every(epoch, "test_every"):  # reported (a tutorial's pass), never watched
@@ -155,6 +210,10 @@ class Controller:
         ckpt.epoch.assign(epoch + 1)
         ckpt.step_in_epoch.assign(0)
         best = exp.monitors.epoch_end(epoch + 1, row) and ckpt.best is not None
+        self.callbacks.on_epoch_end(epoch, self.epoch_logs(row))
+        if self._callback_stop(epoch_end=True) and not self.finished:
+            log.info("a callback stopped training at epoch %d (model.stop_training)", epoch + 1)
+            exp.monitors.stop(epoch + 1, "callback")
         if best:
             ckpt.save_best(epoch + 1)  # before a stop's checkpoint
         self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
@@ -163,6 +222,30 @@ class Controller:
         if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last or best:
             ckpt.save(epoch + 1, 0)
         return self.finished
+
+    def epoch_logs(self, row: dict[str, Any]) -> dict[str, float]:
+        """The callbacks' logs of an epoch: its history row's columns but `epoch` (figures
+        not measured that epoch left out, as `model.fit` leaves out val_ ones)."""
+        return {k: row[k] for k in self.history.columns[1:] if row.get(k) is not None}
+
+    def _callback_stop(self, epoch_end: bool = False) -> bool:
+        """Whether a callback asked to stop (`model.stop_training`). Across workers the
+        chief's request counts, and only at an epoch end (every worker stops there
+        together): a request during an epoch waits for its end."""
+        model = self.exp.model
+        self._stop_asked = self._stop_asked or bool(model.stop_training)
+        if not self.exp.worker.multi_worker:
+            return self._stop_asked
+        model.stop_training = False  # model.fit must not end this worker's epoch alone
+        if not epoch_end or not self.exp.cfg.get("callbacks"):  # (the same on every worker)
+            return False
+        from distlab.distribute.multi_worker import from_chief
+
+        asked = int(from_chief(self.exp.strategy, [tf.constant(int(self._stop_asked),
+                                                               tf.int64)])[0])
+        self._stop_asked = bool(asked)
+        model.stop_training = self._stop_asked
+        return self._stop_asked
 
     def _every(self, epoch: int, key: str) -> bool:
         """Whether epoch `epoch` (0-based) is one of every trainer.<key> epochs."""
@@ -202,8 +285,12 @@ class Controller:
             signal.SIGTERM)
 
     def close(self) -> None:
-        """End of training (or a stop): a running profiler trace is written out."""
+        """End of training (or a stop): a running profiler trace is written out, and an
+        unfinished progress bar's line is ended before any message."""
         self.profiler.close()
+        if self._bar is not None:
+            print(flush=True)
+            self._bar = None
 
     # ---- results
     def throughput(self) -> dict[str, Any]:

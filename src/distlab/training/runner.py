@@ -28,7 +28,7 @@ from distlab.errors import DistlabError
 from distlab.launch.results import TRAINED, objective_fields
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
-from distlab.training import experiment
+from distlab.training import callbacks, experiment
 from distlab.training.checkpoints import Checkpoints, find_checkpoint, run_dir_of
 from distlab.training.controller import Controller
 from distlab.training.experiment import Experiment, effective_batch_size, learning_rate
@@ -107,6 +107,8 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     if cfg.mode == "evaluate" and worker.is_chief:
         check_evaluation_splits(cfg)
+    # before anything is built: a bad entry is one line naming callbacks.<name>
+    user_callbacks = callbacks.build(cfg, worker.is_chief) if cfg.mode == "train" else []
     exp = experiment.build(cfg, run_dir, strategy, worker, started, origin)
     checkpoints = None
     try:
@@ -117,7 +119,7 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
                 "register a distlab.Loop subclass (it implements train_step)")
         checkpoints = Checkpoints(exp, loop.state())
         return (_evaluate(exp, loop, checkpoints) if cfg.mode == "evaluate"
-                else _train(exp, loop, checkpoints))
+                else _train(exp, loop, checkpoints, user_callbacks))
     except tf.errors.UnimplementedError as e:
         if (refusal := _no_deterministic_xla(e, cfg)) is None:
             raise
@@ -176,10 +178,11 @@ def _policy(model: keras.Model, configured: str) -> str:
     return getattr(policy, "name", None) or configured
 
 
-def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str, Any]:
+def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
+           user_callbacks: list[keras.callbacks.Callback]) -> dict[str, Any]:
     initial_epoch, skip_steps = checkpoints.resume()
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
-    controller = Controller(exp, loop, checkpoints)
+    controller = Controller(exp, loop, checkpoints, user_callbacks)
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
     with stop_on_signals(sigterm=not exp.worker.multi_worker) as controller.stop, \

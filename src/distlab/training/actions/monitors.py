@@ -20,7 +20,7 @@ from distlab.components.tasks import Task
 from distlab.launch.results import check_watched, metric_direction
 
 log = logging.getLogger("distlab")
-STOP_REASONS = ("", "target", "early_stopping")
+STOP_REASONS = ("", "target", "early_stopping", "callback")  # append only: checkpointed
 
 
 def direction(metric: str, mode: str, task: Task) -> str:
@@ -101,7 +101,7 @@ class Monitors:
                 log.info("target %s %s %s reached at epoch %d (%.4f)", self.target.metric,
                          ">=" if self.target.maximize else "<=", self.target_value, epoch, value)
                 if self.stop_at_target:
-                    self._stop(epoch, "target")
+                    self.stop(epoch, "target")
         if self.best and (value := self.best.value(metrics)) is not None:
             if self.best.beats(value, self._get("best_value")):
                 self.state["best_value"].assign(value)
@@ -117,10 +117,11 @@ class Monitors:
                     log.info("early stopping at epoch %d: %s did not improve by more than %g "
                              "for %d epoch(s)", epoch, self.stopping.metric, self.min_delta,
                              self.patience)
-                    self._stop(epoch, "early_stopping")
+                    self.stop(epoch, "early_stopping")
         return save_best
 
-    def _stop(self, epoch: int, reason: str) -> None:
+    def stop(self, epoch: int, reason: str) -> None:
+        """End training after epoch `epoch` (1-based) for `reason` (one of STOP_REASONS)."""
         self.state["stopped_epoch"].assign(epoch)
         self.state["stop_reason"].assign(STOP_REASONS.index(reason))
 

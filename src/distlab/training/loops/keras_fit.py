@@ -48,7 +48,8 @@ def _per_example(metric):
 
 class _EpochCallback(keras.callbacks.Callback):
     """The adapter: fit's epoch and batch hooks call the Controller's (NaN guard, preemption,
-    validation, history row, scalars, monitors, checkpoints)."""
+    validation, history row, scalars, monitors, checkpoints, the user's callbacks and the
+    progress bar). fit draws nothing itself (verbose=0)."""
 
     def __init__(self, controller: Controller, steps: int, skip_steps: int = 0) -> None:
         super().__init__()
@@ -59,13 +60,16 @@ class _EpochCallback(keras.callbacks.Callback):
         self._epoch = epoch
         self.controller.epoch_begin(epoch, self.skip_steps)
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self.controller.step_begin(self._epoch, self.skip_steps + batch)
+
     def on_train_batch_end(self, batch, logs=None):
         steps = min(batch + 1, self.steps)  # a last block may run fewer steps
         loss = float((logs or {}).get("loss", 0.0))
         self.controller.step_end(self._epoch, self.skip_steps + steps, loss)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.controller.epoch_end(epoch):  # target reached (with stop), or early stopping
+        if self.controller.epoch_end(epoch):  # target, early stopping, or a callback's stop
             self.model.stop_training = True
         self.skip_steps = 0
 
@@ -137,6 +141,6 @@ class KerasFitLoop(Loop):
             initial_epoch=first,
             steps_per_epoch=steps - skip_steps if end == first + 1 else steps,
             callbacks=[_EpochCallback(controller, steps - skip_steps, skip_steps)],
-            verbose=exp.cfg.loop.verbose,
+            verbose=0,  # the Controller draws the progress bar, as for every loop
             shuffle=False,  # the stream is already shuffled per epoch (see distlab.data)
         )

@@ -1,0 +1,63 @@
+"""A Keras callback that records every hook call, as JSON lines (tests/test_callbacks.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+
+import distlab
+
+
+class Recorder(keras.callbacks.Callback):
+    """Appends [hook, index, {logs}, pid] per call to `path`; with `stop_epoch` (0-based) it sets
+    model.stop_training at that epoch's end, or after its step `stop_step` (1-based)."""
+
+    def __init__(self, path: str, stop_epoch: int | None = None,
+                 stop_step: int | None = None) -> None:
+        super().__init__()
+        self.path, self.stop_epoch, self.stop_step = path, stop_epoch, stop_step
+        self.epoch = None
+
+    def _record(self, hook: str, index: int | None = None, logs: dict | None = None) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps([hook, index, logs, os.getpid()]) + "\n")
+
+    def on_train_begin(self, logs=None):
+        assert self.model is not None and self.params["steps"] > 0
+        self._record("train_begin", None, logs)
+
+    def on_train_end(self, logs=None):
+        self._record("train_end", None, logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self._record("epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._record("epoch_end", epoch, logs)
+        if epoch == self.stop_epoch and self.stop_step is None:
+            self.model.stop_training = True
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._record("batch_begin", batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._record("batch_end", batch, logs)
+        if self.epoch == self.stop_epoch and batch + 1 == self.stop_step:
+            self.model.stop_training = True
+
+
+class NotACallback:
+    """Not a keras.callbacks.Callback."""
+
+
+class Raises(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        raise ValueError("no notification service configured")
+
+
+@distlab.register("callback", "recorder")  # callbacks.<key>.name=recorder
+def recorder(cfg) -> Recorder:
+    return Recorder(**cfg)

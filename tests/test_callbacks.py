@@ -1,0 +1,200 @@
+"""User Keras callbacks (`callbacks:`) in both loops, and the progress display."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, compose, fast_overrides, run_cli, sigterm_in_epoch_two
+
+TESTS = Path(__file__).resolve().parent
+RECORDER = "+callbacks.rec._target_=callback_recorder.Recorder"
+SMALL = ("trainer.steps_per_epoch=5", "dataset.batch_size_per_replica=16", "deterministic=true",
+         "seed=5")
+
+
+def _calls(path: Path) -> list[list]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _history(run_dir: Path) -> list[dict]:
+    with (run_dir / "history.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inprocess, tmp_path):
+    calls = {}
+    for loop, block in (("custom", "loop.steps_per_loop=2"),
+                        ("keras_fit", "loop.steps_per_execution=2")):
+        path = tmp_path / f"{loop}.jsonl"
+        run_inprocess(f"loop={loop}", block, *SMALL, "strategy.cpu_devices=2", RECORDER,
+                      f"+callbacks.rec.path={path}", out=tmp_path / loop)
+        calls[loop] = _calls(path)
+    hooks = {loop: [(hook, index, sorted(logs or {})) for hook, index, logs, _ in c]
+             for loop, c in calls.items()}
+    assert hooks["custom"] == hooks["keras_fit"]
+    # batch begin and end once per block of 2 steps (5 steps: 2, 2, 1), the logs running figures
+    epoch = [(hook, index) for hook, index, _ in hooks["custom"][1:14]]
+    assert epoch == [("epoch_begin", 0), ("batch_begin", 0), ("batch_end", 1), ("batch_begin", 2),
+                     ("batch_end", 3), ("batch_begin", 4), ("batch_end", 4), ("epoch_end", 0),
+                     ("epoch_begin", 1), ("batch_begin", 0), ("batch_end", 1),
+                     ("batch_begin", 2), ("batch_end", 3)]
+    assert hooks["custom"][0][0] == "train_begin" and hooks["custom"][-1][0] == "train_end"
+    assert hooks["custom"][3][2] == ["accuracy", "loss"]
+    # the epoch's logs: its history.csv row's columns (but epoch), with the row's values
+    for loop in calls:
+        rows = _history(tmp_path / loop)
+        ends = [logs for hook, _, logs, _ in calls[loop] if hook == "epoch_end"]
+        assert all(sorted(logs) == sorted(k for k in rows[0] if k != "epoch") for logs in ends)
+        for logs, row in zip(ends, rows, strict=True):
+            assert logs["val_loss"] == pytest.approx(float(row["val_loss"]), abs=1e-5)  # csv
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop,stop_step", [("keras_fit", 2), ("custom", None)])
+def test_a_callback_that_stops_training(loop, stop_step, run_inprocess, tmp_path, caplog):
+    # a registered callback; keras_fit: stopped after step 2 of epoch 2 (its row covers the
+    # steps it ran, as model.fit's), custom: at the end of epoch 2
+    path, out = tmp_path / "calls.jsonl", tmp_path / "run"
+    args = (f"loop={loop}", *SMALL, "trainer.epochs=4", "imports=[callback_recorder]",
+            "+callbacks.rec.name=recorder", f"+callbacks.rec.path={path}",
+            "+callbacks.rec.stop_epoch=1",
+            *([f"+callbacks.rec.stop_step={stop_step}"] if stop_step else []))
+    with caplog.at_level(logging.INFO, logger="distlab"):
+        results = run_inprocess(*args, out=out)
+    assert "a callback stopped training at epoch 2 (model.stop_training)" in caplog.text
+    assert results["status"] == "completed" and results["epochs_completed"] == 2
+    assert results["stopped_early"] == {"epoch": 2, "reason": "callback"}
+    assert results["checkpoint"].endswith("ckpt-10")  # at that epoch's end: 2 x 5 steps
+    assert [r["epoch"] for r in _history(out)] == ["1", "2"]
+    calls = [(hook, index) for hook, index, *_ in _calls(path)]
+    last_batch = (stop_step or 5) - 1
+    assert calls[-4:] == [("batch_begin", last_batch), ("batch_end", last_batch),
+                          ("epoch_end", 1), ("train_end", None)]
+    assert run_inprocess(*args, out=out)["stopped_early"]["reason"] == "callback"  # not retrained
+    assert len(_calls(path)) == len(calls)
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_with_the_callback_resumes_exactly(tiny_data_dir, tmp_path,
+                                                              run_inprocess, monkeypatch):
+    extra = ("loop=keras_fit", "trainer.epochs=3", "trainer.steps_per_epoch=150",
+             "deterministic=true", "seed=11", "model=mlp", "model.hidden_units=[32]",
+             "model.dropout=0.3", "strategy.cpu_devices=1", RECORDER)
+    whole = tmp_path / "whole"
+    run_inprocess(*extra, f"+callbacks.rec.path={tmp_path / 'whole.jsonl'}", out=whole)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT / "src")]))
+    run_dir, path = tmp_path / "killed", tmp_path / "killed.jsonl"
+    args = [*fast_overrides(tiny_data_dir), *extra, f"+callbacks.rec.path={path}"]
+    returncode, _ = sigterm_in_epoch_two(args, run_dir, signum=signal.SIGKILL)
+    assert returncode == -signal.SIGKILL
+    out = run_cli(*args, f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    resumed, expected = _history(run_dir), _history(whole)
+    assert [r["epoch"] for r in resumed] == ["1", "2", "3"]
+    for row, want in zip(resumed, expected, strict=True):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
+            assert float(row[key]) == pytest.approx(float(want[key]), abs=1e-6), key
+    rerun = [(h, i) for h, i, *_ in _calls(path)]
+    second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
+    assert rerun[second + 1] == ("epoch_begin", 1)  # the rerun's callbacks resume at epoch 2
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_workers_every_worker_and_chief_only_and_the_chiefs_stop(tiny_data_dir, tmp_path,
+                                                                      monkeypatch):
+    from test_multiworker import _results, _run_cluster
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT / "src")]))
+    every, chief = tmp_path / "every.jsonl", tmp_path / "chief.jsonl"
+    _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), "loop=keras_fit", *SMALL,
+                 "trainer.epochs=3", RECORDER, f"+callbacks.rec.path={every}",
+                 "+callbacks.boss._target_=callback_recorder.Recorder",
+                 f"+callbacks.boss.path={chief}", "+callbacks.boss._chief_only_=true",
+                 "+callbacks.boss.stop_epoch=1", "+callbacks.boss.stop_step=2")
+    results = _results(tmp_path / "W0")
+    assert results["stopped_early"] == {"epoch": 2, "reason": "callback"}
+    by_pid: dict[int, list] = {}
+    for hook, index, _, pid in _calls(every):
+        by_pid.setdefault(pid, []).append((hook, index))
+    assert len(by_pid) == 2 and len({pid for *_, pid in _calls(chief)}) == 1
+    first, second = by_pid.values()
+    assert first == second  # the same calls on both workers; the epoch ran to its end
+    assert first[-4:] == [("batch_begin", 4), ("batch_end", 4), ("epoch_end", 1),
+                          ("train_end", None)]
+
+
+@pytest.mark.parametrize("entry,says", [
+    ("_target_=callback_recorder.Nope", "callbacks.bad._target_=callback_recorder.Nope does "
+     "not import"),
+    ("_target_=callback_recorder.NotACallback", "callbacks.bad._target_=callback_recorder."
+     "NotACallback built a NotACallback, not a keras.callbacks.Callback"),
+    ("_target_=callback_recorder.Raises", "callbacks.bad._target_=callback_recorder.Raises "
+     "could not be built: ValueError: no notification service configured"),
+    ("name=nope", "unknown callbacks.bad.name='nope'"),
+])
+def test_a_bad_callback_is_one_line_before_training(entry, says, tiny_data_dir, tmp_path):
+    import distlab
+
+    results = distlab.run(compose([*fast_overrides(tiny_data_dir), f"+callbacks.bad.{entry}"]),
+                          output_dir=tmp_path)
+    assert results.exit_code == 2
+    assert says in results.error and "\n" not in results.error
+    assert not (tmp_path / "history.csv").exists()
+
+
+def _on_a_terminal(args: list[str]) -> str:
+    """`python run.py ARGS` with stdout on a pseudo-terminal: what it wrote there."""
+    master, child = os.openpty()
+    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, stdout=child,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    os.close(child)
+    out = b""
+    try:
+        while chunk := _read(master):
+            out += chunk
+        assert proc.wait(timeout=300) == 0, out.decode()[-3000:]
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return out.decode()
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # the terminal closed: the process ended
+        return b""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
+def test_a_progress_bar_per_epoch_on_a_terminal_and_none_in_a_pipe(loop, tiny_data_dir,
+                                                                    tmp_path):
+    args = [a for a in fast_overrides(tiny_data_dir) if not a.startswith("loop.verbose")]
+    args += [f"loop={loop}", "trainer.steps_per_epoch=3", "strategy=default"]
+    piped = run_cli(*args, f"hydra.run.dir={tmp_path / 'pipe'}")
+    assert piped.returncode == 0, piped.stderr[-3000:]
+    lines = [line for line in piped.stdout.splitlines() if " - epoch " in line]
+    assert [line.split(" - ")[1] for line in lines] == ["epoch 1/2", "epoch 2/2"]
+    for text in (piped.stdout, piped.stderr):
+        assert "\r" not in text and "\b" not in text and "━" not in text and "Epoch 1" not in text
+
+    shown = _on_a_terminal([*args, f"hydra.run.dir={tmp_path / 'tty'}"])
+    assert "example_loss" not in shown
+    for epoch in (1, 2):  # the bar, finished, then distlab's epoch line on a line of its own
+        bar = shown.split(f"Epoch {epoch}/2\r\n")[1].split(f"] - epoch {epoch}/2 - ")[0]
+        assert "3/3" in bar and "━" in bar and "loss:" in bar and "examples/sec:" in bar
+        assert "\r" in bar  # redrawn in place
+        assert re.search(r"3/3[^\r\n]*\r\n\[[^\]\n]+\]\[distlab\]\[INFO$", bar), bar

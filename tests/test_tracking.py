@@ -145,3 +145,61 @@ def test_mlflow_missing_is_one_line_before_tensorflow(tmp_path):
     lines = (out.stdout + out.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(
         'logger=mlflow needs MLflow, which is not installed: pip install "distlab[mlflow]"'), lines
+
+
+@pytest.fixture
+def recording_tracker():
+    """A plug-in's tracker, registered as logger.name=recording; its log_epoch fails at
+    epoch 2."""
+    from dataclasses import dataclass
+
+    from distlab import register
+    from distlab.registry import TRACKERS
+    from distlab.tracking import Tracker
+
+    @dataclass
+    class RecordingConfig:
+        fail_at: int = 2
+
+    class Recording(Tracker):
+        calls: list = []
+
+        def start(self, run, config):
+            self.calls.append(("start", run.state.get("id")))
+            run.state["id"] = "run-1"
+
+        def log_epoch(self, row):
+            if row["epoch"] == self.cfg.fail_at:
+                raise ConnectionError("tracking server gone")
+            self.calls.append(("epoch", row["epoch"], row["loss"]))
+
+        def finish(self, results):
+            self.calls.append(("finish", results["status"]))
+
+    register("logger", "recording", Recording, schema=RecordingConfig)
+    yield Recording
+    TRACKERS._items.pop("recording")
+    TRACKERS.schemas.pop("recording")
+
+
+def test_a_plugin_tracker_gets_the_rows_and_its_failure_is_one_warning(
+        recording_tracker, tmp_path, caplog):
+    from distlab import plugins
+    from distlab.launch.run_dir import RunDir
+    from distlab.tracking import session
+
+    cfg = compose(["logger.name=recording"])
+    plugins.check(cfg)  # the registered schema's defaults filled in
+    assert cfg.logger == {"fail_at": 2, "name": "recording"}
+    run_dir = RunDir(tmp_path)
+    run_dir.append_history({"epoch": 1, "loss": 0.5}, ["epoch", "loss"])  # an earlier attempt
+    job = session.Session(session.build(cfg), run_dir, {"seed": 1})
+    job.start()  # gets the earlier row
+    for epoch in (2, 3):
+        job.log_epoch({"epoch": epoch, "loss": 0.1})  # fails at 2: no more calls after it
+    job.finish({"status": "completed"})
+    assert recording_tracker.calls == [("start", None), ("epoch", 1, 0.5)]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "logger=recording: log_epoch failed (ConnectionError: tracking server gone); training "
+        "goes on without it (the run directory keeps every figure)"]
+    assert json.loads(run_dir.tracking_json.read_text()) == {"recording": {"id": "run-1"}}

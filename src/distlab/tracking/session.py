@@ -34,8 +34,10 @@ def tracks(tracker: Tracker) -> bool:
 
 
 class Session:
-    """One job's use of its tracker, on the chief. `start` opens (or continues) its run;
-    `log_epoch` gets each history.csv row; `finish` the results."""
+    """One job's use of its tracker, on the chief. `start` opens (or continues) its run and
+    sends it the rows history.csv already has (a rerun that resumes, or a tracker added on a
+    rerun: the tracker logs those it lacks); `log_epoch` gets each new row; `finish` the
+    results."""
 
     def __init__(self, tracker: Tracker, run_dir: RunDir, config: dict[str, Any],
                  sweep_dir: str | Path | None = None) -> None:
@@ -50,6 +52,9 @@ class Session:
                       states.get(self.name, {}), self.sweep_dir)
         if not self._call("start", self.tracker.start, run, self.config):
             return
+        for row in self.run_dir.read_history():  # an earlier attempt's rows it may not have
+            self.log_epoch({k: None if v == "" else int(v) if k == "epoch" else float(v)
+                            for k, v in row.items()})
         states[self.name] = run.state
         state_file = self.run_dir.tracking_json
         state_file.parent.mkdir(parents=True, exist_ok=True)

@@ -203,3 +203,12 @@ def test_a_plugin_tracker_gets_the_rows_and_its_failure_is_one_warning(
         "logger=recording: log_epoch failed (ConnectionError: tracking server gone); training "
         "goes on without it (the run directory keeps every figure)"]
     assert json.loads(run_dir.tracking_json.read_text()) == {"recording": {"id": "run-1"}}
+
+
+def test_a_rerun_may_add_or_change_the_logger():
+    from distlab.config import training_diff
+
+    started = {"seed": 1, "trainer": {"epochs": 2}}  # a run from before the logger group
+    assert training_diff(started, {**started, "logger": {"name": "mlflow",
+                                                         "tracking_uri": "sqlite:///x.db"}}) == []
+    assert training_diff(started, {"seed": 2, "logger": {"name": "mlflow"}}) == ["seed"]

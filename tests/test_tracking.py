@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import subprocess
+import sys
 
 import mlflow
 import pytest
-from conftest import compose, fast_overrides, run_cli, stop_at
+from conftest import ROOT, compose, fast_overrides, run_cli, stop_at
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -131,6 +133,39 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job(tiny_data_dir, tmp_path, s
     assert all(r.info.status == "FINISHED" for r in runs)
     assert {a.path for a in MlflowClient(store).list_artifacts(parent.info.run_id)} >= {
         "summary.csv", "summary.md"}
+
+
+JOB = """
+import sys
+from pathlib import Path
+from omegaconf import OmegaConf
+from distlab.tracking import RunInfo
+from distlab.tracking.mlflow_tracker import MlflowTracker
+uri, sweep, num = sys.argv[1:]
+tracker = MlflowTracker(OmegaConf.create({"name": "mlflow", "tracking_uri": uri,
+                                          "experiment_name": "parallel"}))
+tracker.start(RunInfo(Path(sweep) / num, num, {}, Path(sweep)), {"job": int(num)})
+tracker.finish({"status": "completed"})
+"""
+
+
+@pytest.mark.slow
+def test_parallel_jobs_share_a_new_store_and_one_parent_run(tmp_path):
+    """A process-per-job launcher (joblib): jobs that start at once on a new SQLite file
+    (whose schema one of them makes) under one sweep parent."""
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    jobs = [subprocess.Popen([sys.executable, "-c", JOB, uri, str(tmp_path / "sweep"), str(i)],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for i in range(3)]
+    for job in jobs:
+        output = job.communicate(timeout=180)[0]
+        assert job.returncode == 0, output[-3000:]
+    runs = _runs(uri, "parallel")
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert sorted(r.data.params.get("job") for r in runs if r is not parent) == ["0", "1", "2"]
+    assert {r.data.tags.get("mlflow.parentRunId") for r in runs if r is not parent} == {
+        parent.info.run_id}
 
 
 def test_mlflow_missing_is_one_line_before_tensorflow(tmp_path):

@@ -55,9 +55,15 @@ class MlflowTracker(Tracker):
                 logging.getLogger(noisy).setLevel(logging.WARNING)
             from mlflow.tracking import MlflowClient
 
-            if self.uri.startswith("sqlite:///"):
-                Path(self.uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-            self._client = MlflowClient(self.uri)
+            if not self.uri.startswith("sqlite:///"):
+                self._client = MlflowClient(self.uri)
+                return self._client
+            db = Path(self.uri[len("sqlite:///"):])
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with _locked(db.with_name(db.name + ".lock")):  # one process makes the schema
+                client = MlflowClient(self.uri)
+                client.search_experiments(max_results=1)  # opens (creates) the store
+            self._client = client
         return self._client
 
     # ---- a job
@@ -176,13 +182,20 @@ class MlflowTracker(Tracker):
 
 
 @contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An flock on `path`, across processes (parallel sweep launchers)."""
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
 def _sweep_state(sweep_dir: Path) -> Iterator[dict[str, Any]]:
     """The sweep's parent runs ({store: {run_id}}), read and written under an flock."""
     state_dir = sweep_dir / ".distlab"
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "mlflow.json"
-    with open(state_dir / "mlflow.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(state_dir / "mlflow.lock"):
         try:
             state = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -19,7 +19,7 @@ from distlab.config.schema import Config
 from distlab.config.store import schema_names
 from distlab.errors import ConfigError
 
-GROUPS = ["strategy", "dataset", "model", "task", "optimizer", "schedule", "loop",
+GROUPS = ["strategy", "dataset", "model", "task", "optimizer", "schedule", "loop", "logger",
           "experiment", "hparams_search"]
 # options that only compose with another choice
 NEEDS: dict[tuple[str, str], list[str]] = {}

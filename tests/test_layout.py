@@ -12,7 +12,7 @@ from conftest import ROOT
 
 SRC = ROOT / "src" / "distlab"
 FOLDERS = ["components", "config", "data", "distribute", "keras_patches", "launch",
-           "reporting", "training", "training/actions", "training/loops"]
+           "reporting", "tracking", "training", "training/actions", "training/loops"]
 
 
 def _python(code: str) -> str:
@@ -43,7 +43,8 @@ def test_config_launch_and_reporting_import_no_tensorflow():
     loaded = _python(
         "import sys, json, distlab, distlab.config, distlab.launch.job, "
         "distlab.launch.results, distlab.launch.run_dir, distlab.reporting.summary, "
-        "distlab.registry, distlab.plugins, distlab.distribute.cluster; "
+        "distlab.registry, distlab.plugins, distlab.distribute.cluster, "
+        "distlab.tracking.session, distlab.tracking.mlflow_tracker; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('tensorflow', 'keras'))))")
     assert json.loads(loaded) == []

@@ -101,8 +101,10 @@ def reference(run_once):
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny_data_dir,
                                                                       tmp_path, reference):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # logger=mlflow: the chief only records
+    tracked = ("logger=mlflow", f"logger.tracking_uri={store}") if loop == "keras_fit" else ()
     _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
-                 "trainer.export=true")
+                 "trainer.export=true", *tracked)
     chief = _results(tmp_path / "W0")
     assert (chief["num_replicas"], chief["global_batch_size"]) == (2, 128)
     assert chief["strategy"] == "MultiWorkerMirroredStrategy" and chief["loop"] == loop
@@ -113,6 +115,13 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
     assert list((tmp_path / "W0" / "logs" / "train").glob("events.out.tfevents.*"))
     extra = {p.name for p in (tmp_path / "W1").iterdir()} - {".hydra", "run.log"}
     assert not extra, extra  # worker 1 wrote only what Hydra writes
+    if tracked:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(store)
+        [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+        assert run.data.tags["distlab.run_dir"] == str(tmp_path / "W0")
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
 
     if loop == "custom":  # evaluate across the workers: only the chief's disk has the
         # checkpoint; another loop and optimizer (adam's slots are not restored)

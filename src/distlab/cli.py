@@ -37,7 +37,8 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    results = run(cfg, hydra_cfg.runtime.output_dir, multirun=multirun)
+    results = run(cfg, hydra_cfg.runtime.output_dir, multirun=multirun,
+                  sweep_dir=hydra_cfg.sweep.dir if multirun else None)
     if results.exit_code and (results.interrupted or not multirun):
         sys.exit(results.exit_code)
     return results.objective

@@ -183,15 +183,22 @@ METRICS = Registry("metric", ("cfg", "task"), {
 # callbacks.<key>.name names: f(cfg) -> a keras.callbacks.Callback (cfg: that entry's keys)
 CALLBACKS = Registry("callback", ("cfg",))
 
+# logger names: a distlab.tracking.Tracker subclass, built as cls(cfg.logger) before TensorFlow
+TRACKERS = Registry("logger", ("cfg",), {
+    "tensorboard": "distlab.tracking.tracker:Tracker",
+    "mlflow": "distlab.tracking.mlflow_tracker:MlflowTracker"})
+
 REGISTRIES: dict[str, Registry] = {r.group: r for r in (
-    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS, METRICS, CALLBACKS)}
+    STRATEGIES, DATASETS, MODELS, TASKS, OPTIMIZERS, SCHEDULES, LOOPS, METRICS, CALLBACKS,
+    TRACKERS)}
 
 
 def register(group: str, name: str, fn: Callable | None = None, *,
              schema: type | None = None) -> Any:
     """Add your own component: `@register("model", "my_net")` on a builder called like
     distlab's own (model: `f(cfg, input_shape, outputs) -> keras.Model`, with `input_spec=`
-    and `train_inputs=` if it declares them; see the README).
+    and `train_inputs=` if it declares them; logger: a `distlab.tracking.Tracker` subclass;
+    see the README).
     `schema`: a dataclass whose fields are the keys the group node may have."""
     if group not in REGISTRIES:
         raise RegistryError(f"register({group!r}, {name!r}): no such group; groups: "

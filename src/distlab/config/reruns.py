@@ -17,6 +17,7 @@ RERUN_NEUTRAL_KEYS = {
     "strategy.connect_timeout_s", "trainer.profile_steps", "trainer.throughput.warmup_epochs",
     "trainer.throughput.warmup_steps", "trainer.throughput.windows",
 }  # trainer.target is not: whether it was reached is part of the checkpoint
+RERUN_NEUTRAL_GROUPS = ("logger",)  # every key under them (a rerun may add logger=mlflow)
 
 
 def effective(config: dict[str, Any]) -> dict[str, Any]:
@@ -37,4 +38,5 @@ def training_diff(started_with: dict[str, Any], now: dict[str, Any]) -> list[str
     old, new = effective(started_with), effective(now)
     absent = "<absent>"
     return sorted(k for k in old.keys() | new.keys()
-                  if k not in RERUN_NEUTRAL_KEYS and old.get(k, absent) != new.get(k, absent))
+                  if k not in RERUN_NEUTRAL_KEYS and k.split(".", 1)[0] not in RERUN_NEUTRAL_GROUPS
+                  and old.get(k, absent) != new.get(k, absent))

@@ -387,6 +387,31 @@ class TrainerConfig:
         "must be [first, last] steps with 1 <= first <= last, e.g. [10, 20]"))
 
 
+@dataclass
+class LoggerConfig:
+    """logger=tensorboard: no tracker beside TensorBoard, which every run writes (logs/)."""
+
+    name: str = "tensorboard"  # tensorboard, mlflow, or a tracker a plug-in registered
+
+
+@dataclass
+class MlflowLoggerConfig(LoggerConfig):
+    """logger=mlflow (pip install "distlab[mlflow]"): the config as params, each history.csv
+    row as metrics (step: the epoch), results.json's figures as results/<field>, and
+    config.yaml, history.csv, results.json as artifacts; a sweep is a parent run with a child
+    per job; a rerun that resumes continues the same MLflow run. The chief only."""
+
+    name: str = "mlflow"
+    # any MLflow tracking URI; a relative sqlite:/// path is from the current directory (the
+    # default: one store for every run; see them with `mlflow ui --backend-store-uri` it).
+    # Artifacts of a sqlite store go to mlartifacts/ beside its file
+    tracking_uri: str = checked("sqlite:///outputs/mlflow.db", (
+        lambda v: bool(v.strip()), "must be an MLflow tracking URI, e.g. "
+        "sqlite:///outputs/mlflow.db or http://host:5000"))
+    experiment_name: str = checked("distlab", (lambda v: bool(v.strip()),
+                                               "must name an MLflow experiment"))
+
+
 # the numeric results.json fields `objective` may name for sweepers: launch.results.OBJECTIVES
 OBJECTIVE: Rule = (
     lambda v: v in OBJECTIVES or v.startswith("val_"),
@@ -406,6 +431,7 @@ class Config:
     schedule: Any = MISSING
     loop: Any = MISSING
     task: Any = MISSING
+    logger: Any = MISSING  # experiment tracking beside TensorBoard (distlab.tracking)
     # your modules, imported before names are resolved (they may distlab.register names)
     imports: list[str] = field(default_factory=list)
     # Keras callbacks, by a name of your choice: {_target_: package.Class, <its arguments>}
@@ -437,4 +463,5 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "schedule": {"constant": ConstantScheduleConfig, "step_decay": StepDecayConfig,
                  "cosine": CosineScheduleConfig, "exponential": ExponentialScheduleConfig},
     "loop": {"keras_fit": KerasFitLoopConfig, "custom": CustomLoopConfig},
+    "logger": {"tensorboard": LoggerConfig, "mlflow": MlflowLoggerConfig},
 }

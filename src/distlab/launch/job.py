@@ -33,6 +33,7 @@ from distlab.errors import DistlabError, composition_error, described
 from distlab.errors import message as error_message
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
+from distlab.tracking import session as tracking
 
 log = logging.getLogger("distlab")
 USER_ERROR, INTERNAL_ERROR = 2, 1  # exit statuses of the `distlab` command
@@ -132,24 +133,29 @@ def _log_to(path: Path) -> Iterator[None]:
 
 
 def run(cfg: DictConfig, output_dir: str | Path | None = None,
-        multirun: bool = False, log_file: bool = False) -> Results:
+        multirun: bool = False, log_file: bool = False,
+        sweep_dir: str | Path | None = None) -> Results:
     """Run one job into `output_dir` (default: the current directory) and return its Results.
 
     A user error (bad config, missing data, unusable checkpoint) is logged as one line and
     recorded as failed in results.json (exit_code 2); so is an unexpected one (exit_code 1,
     its traceback in run.log). `multirun`: a sweep job (time to target then counts from the
     job's own start). `log_file`: the chief also writes distlab's log lines to the run dir's
-    run.log once the directory is its own (Hydra does this for the command). Under
-    `strategy=multi_worker_mirrored` every worker follows the chief's decision.
+    run.log once the directory is its own (Hydra does this for the command). `sweep_dir`: a
+    sweep job's sweep directory (its tracker's parent run). Under
+    `strategy=multi_worker_mirrored` every worker follows the chief's decision; only the
+    chief tracks (logger=mlflow...).
     """
     started = time.time()
     run_dir = RunDir(output_dir or Path.cwd())
     out = run_dir.path
     scratch = None
     logging_to = ExitStack()
+    session, outcome = None, None  # the chief's tracker run, and what it is told at the end
     try:
         validate(cfg)
         plugins.check(cfg)  # user code imported, every group's name resolved
+        tracker = tracking.build(cfg)  # one that cannot run (MLflow missing) is refused here
         worker = current_worker(cfg.strategy)
         if not worker.is_chief:  # only the chief writes the run dir; workers write to scratch
             scratch = Path(tempfile.mkdtemp(prefix=f"distlab-{worker.type}{worker.index}-"))
@@ -186,6 +192,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
         if cfg.mode == "train":
             run_dir.record_start(config)
+        if scratch is None and tracking.tracks(tracker):
+            session = run_dir.tracker = tracking.Session(tracker, run_dir, config, sweep_dir)
+            session.start()
         from distlab.training.runner import execute  # imports TensorFlow
 
         # time_to_target_s counts from the process start in a single run (imports included,
@@ -196,6 +205,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         if scratch is None:
             run_dir.write_results(results)
             log.info("results: %s", run_dir.results_json)
+        outcome = results
         return Results(out, results, objective_value(results, cfg.objective))
     except RunDirBusy as e:  # another job's directory: change nothing in it
         run_dir.restore_hydra()
@@ -203,8 +213,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         return Results(out, exit_code=USER_ERROR, error=str(e))
     except Interrupted as e:  # results.json (status interrupted) and a checkpoint are written
         log.error(str(e))
-        return Results(out, run_dir.read_results() or {}, exit_code=128 + e.signum,
-                       error=str(e))
+        outcome = run_dir.read_results() or {"status": "interrupted"}
+        return Results(out, outcome, exit_code=128 + e.signum, error=str(e))
     except Exception as e:  # noqa: BLE001 - every failure is reported the same way
         user_error = isinstance(e, DistlabError)
         # a DistlabError is one line (when TensorFlow traced the code it came from, without
@@ -213,11 +223,14 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         if not user_error:
             _traceback_to_log_file(e)
         log.error(message if user_error else described(e) + " (traceback in run.log)")
-        failed = failed_results(cfg, message, started)
+        outcome = failed = failed_results(cfg, message, started)
         run_dir.record_failure(failed)
         return Results(out, failed, exit_code=USER_ERROR if user_error else INTERNAL_ERROR,
                        error=message)
     finally:
+        if session is not None:
+            session.finish(outcome or {"status": "failed", "error": "the job did not finish"})
+            run_dir.tracker = None
         logging_to.close()
         run_dir.unlock()
         if scratch is not None:

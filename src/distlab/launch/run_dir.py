@@ -53,6 +53,8 @@ class RunDir:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self._lock_fd: int | None = None
+        # the chief's tracker (`distlab.tracking.session.Session`): it gets each history row
+        self.tracker: Any = None
 
     checkpoints = property(lambda self: self.path / "checkpoints")
     best_checkpoints = property(lambda self: self.path / "checkpoints" / "best")
@@ -61,6 +63,8 @@ class RunDir:
     results_json = property(lambda self: self.path / "results.json")
     saved_model = property(lambda self: self.path / "saved_model")
     started_config_yaml = property(lambda self: self.path / ".distlab" / "config.yaml")
+    # each tracker's state (its run id), so that a rerun continues the same tracker run
+    tracking_json = property(lambda self: self.path / ".distlab" / "tracking.json")
     _hydra_snapshot = property(lambda self: self.path / ".distlab" / "hydra")
 
     def check_writable(self) -> None:
@@ -136,14 +140,15 @@ class RunDir:
         return any(self.checkpoints.glob("ckpt-*.index"))
 
     def archive_attempt(self) -> Path:
-        """Move an earlier attempt's record (config, results, history, TensorBoard logs) to
+        """Move an earlier attempt's record (config, results, history, TensorBoard logs, its
+        tracker run's id) to
         .distlab/attempts/<n>/, so a new config can start afresh without losing it."""
         attempts = self.path / ".distlab" / "attempts"
         n = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
         target = attempts / str(n)
         target.mkdir(parents=True)
         for source in (self.started_config_yaml, self.results_json, self.history_csv, self.logs,
-                       self.best_checkpoints):
+                       self.best_checkpoints, self.tracking_json):
             if source.exists():
                 shutil.move(str(source), str(target / source.name))
         return target

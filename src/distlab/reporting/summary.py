@@ -13,6 +13,8 @@ When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
     events.out.tfevents.*.hparams (and one in each <job>/logs/)   TensorBoard HParams,
                   so `tensorboard --logdir <sweep dir>` compares the jobs
 
+With logger=mlflow (a tracker), the sweep's parent run then gets the summary files and ends.
+
 If any job failed, it then logs one line and exits with status 1. Importing this module
 imports neither TensorFlow nor pyplot: Hydra instantiates callbacks in single runs too.
 """
@@ -33,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab.launch.results import maximizes
 from distlab.launch.run_dir import RunDir
+from distlab.tracking import session as tracking
 
 log = logging.getLogger(__name__)
 
@@ -419,6 +422,9 @@ class SweepSummary(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
                                 maximize=_maximize(config, find_jobs(sweep_dir)))
+        summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
+        tracking.finish_sweep(config, sweep_dir, len(failed),
+                              [path for path in summaries if path.exists()])
         if failed and self.fail_on_error:
             log.error("sweep failed: %d job(s) failed (%s); see %s", len(failed),
                       ", ".join(f"job {j.num}: {_first_line(j.error)}" for j in failed),

@@ -1,4 +1,5 @@
-"""An epoch's row: history.csv, the one-line summary and the TensorBoard scalars.
+"""An epoch's row: history.csv, the one-line summary, the TensorBoard scalars and the run's
+tracker (logger=mlflow...).
 
 The scalars use the tags `keras.callbacks.TensorBoard` writes (`epoch_loss`,
 `epoch_accuracy`... under logs/train and logs/validation), for both loops; a per-epoch
@@ -42,6 +43,8 @@ class History:
     def record(self, row: dict[str, Any]) -> None:
         self.run_dir.append_history(row, self.columns)
         self._write_scalars(row)
+        if self.run_dir.tracker is not None:  # after history.csv: it never has less
+            self.run_dir.tracker.log_epoch({k: row.get(k) for k in self.columns})
         log.info(self.summary(row))
 
     def summary(self, row: dict[str, Any]) -> str:

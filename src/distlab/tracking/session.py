@@ -1,0 +1,115 @@
+"""How a job drives its tracker: built before TensorFlow (a tracker that cannot run is a
+config error), started on the chief once the run directory is its own, every later call
+guarded: a tracker's failure is one warning, and training goes on without it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from distlab.errors import described
+from distlab.launch.run_dir import RunDir
+from distlab.registry import TRACKERS
+from distlab.tracking.tracker import RunInfo, Tracker
+
+log = logging.getLogger("distlab")
+
+
+def build(cfg: DictConfig) -> Tracker:
+    """The tracker `cfg.logger` names (none: the base Tracker, which tracks nothing)."""
+    node = cfg.get("logger")
+    if node is None or node.get("name") is None:
+        return Tracker(OmegaConf.create({"name": "tensorboard"}))
+    return TRACKERS.get(str(node.name))(node)
+
+
+def tracks(tracker: Tracker) -> bool:
+    """Whether `tracker` records anything (logger=tensorboard's does not)."""
+    return type(tracker) is not Tracker
+
+
+class Session:
+    """One job's use of its tracker, on the chief. `start` opens (or continues) its run and
+    sends it the rows history.csv already has (a rerun that resumes, or a tracker added on a
+    rerun: the tracker logs those it lacks); `log_epoch` gets each new row; `finish` the
+    results."""
+
+    def __init__(self, tracker: Tracker, run_dir: RunDir, config: dict[str, Any],
+                 sweep_dir: str | Path | None = None) -> None:
+        self.tracker, self.run_dir, self.config = tracker, run_dir, config
+        self.sweep_dir = Path(sweep_dir).resolve() if sweep_dir is not None else None
+        self.name = str(tracker.cfg.get("name"))
+        self.active = tracks(tracker)
+
+    def start(self) -> None:
+        states = self._states()
+        run = RunInfo(self.run_dir.path.resolve(), run_name(self.run_dir.path),
+                      states.get(self.name, {}), self.sweep_dir)
+        if not self._call("start", self.tracker.start, run, self.config):
+            return
+        for row in self.run_dir.read_history():  # an earlier attempt's rows it may not have
+            self.log_epoch({k: None if v == "" else int(v) if k == "epoch" else float(v)
+                            for k, v in row.items()})
+        states[self.name] = run.state
+        state_file = self.run_dir.tracking_json
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps(states, indent=2) + "\n")
+        with tempfile.TemporaryDirectory(prefix="distlab-config-") as scratch:
+            config_yaml = Path(scratch) / "config.yaml"  # the composed config, resolved
+            OmegaConf.save(OmegaConf.create(self.config), config_yaml)
+            self._call("log_artifacts", self.tracker.log_artifacts, [config_yaml])
+
+    def log_epoch(self, row: dict[str, Any]) -> None:
+        self._call("log_epoch", self.tracker.log_epoch, row)
+
+    def finish(self, results: dict[str, Any]) -> None:
+        files = [p for p in (self.run_dir.history_csv, self.run_dir.results_json) if p.exists()]
+        self._call("log_artifacts", self.tracker.log_artifacts, files)
+        self._call("finish", self.tracker.finish, results)
+
+    def _states(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.run_dir.tracking_json.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _call(self, what: str, method: Any, *args: Any) -> bool:
+        """`method(*args)`; a failure is one warning and ends this job's tracking."""
+        if not self.active:
+            return False
+        try:
+            method(*args)
+            return True
+        except Exception as e:  # noqa: BLE001 - a tracker never fails the run
+            self.active = False
+            log.warning("logger=%s: %s failed (%s); training goes on without it (the run "
+                        "directory keeps every figure)", self.name, what, described(e))
+            return False
+
+
+def run_name(run_dir: Path) -> str:
+    """The job's command-line overrides (Hydra's .hydra/overrides.yaml) but the logger's, else
+    the last two parts of its directory (outputs/<date>/<time>)."""
+    overrides = run_dir / ".hydra" / "overrides.yaml"
+    try:
+        given = [str(o) for o in OmegaConf.load(overrides)
+                 if not str(o).lstrip("+~").startswith("logger")]
+    except (OSError, ValueError, TypeError):
+        given = []
+    return " ".join(given) or "/".join(run_dir.resolve().parts[-2:])
+
+
+def finish_sweep(cfg: DictConfig, sweep_dir: Path, failed: int, files: list[Path]) -> None:
+    """The sweep's tracker closes its parent run (guarded as a job's calls are)."""
+    try:
+        tracker = build(cfg)
+        if tracks(tracker):
+            tracker.finish_sweep(Path(sweep_dir).resolve(), failed, files)
+    except Exception as e:  # noqa: BLE001 - never fails the sweep's summary
+        log.warning("logger=%s: closing the sweep's run failed (%s)",
+                    OmegaConf.select(cfg, "logger.name"), described(e))

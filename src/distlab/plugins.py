@@ -33,7 +33,7 @@ _tf_started_by: str | None = None  # the user module whose import started Tensor
 def tensorflow_started() -> bool:
     """Whether TensorFlow's runtime is initialised in this process (its devices then fixed).
     TensorFlow has no public probe: its eager context's handle exists once it is."""
-    if "tensorflow" not in sys.modules:
+    if sys.modules.get("tensorflow") is None:  # not imported (or blocked)
         return False
     from tensorflow.python.eager import context
 

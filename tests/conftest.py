@@ -241,11 +241,12 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
 
 
 def sigterm_in_epoch_two(args: list[str], run_dir: Path, timeout: float = 180,
-                         signum: int | None = None) -> tuple[int, str]:
+                         signum: int | None = None, timing: dict | None = None
+                         ) -> tuple[int, str]:
     """Start `python run.py ARGS hydra.run.dir=RUN_DIR`; once epoch 1's history row and its
     checkpoint exist, SIGTERM it (or send `signum`, e.g. SIGKILL) 0.3 s later (so the signal
     lands in epoch 2 however slow the machine is). (exit status, output); the process is
-    killed on expiry."""
+    killed on expiry. `timing["exit_s"]`: seconds from the signal to the process's end."""
     import signal
     import time
 
@@ -262,7 +263,10 @@ def sigterm_in_epoch_two(args: list[str], run_dir: Path, timeout: float = 180,
             time.sleep(0.05)
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM if signum is None else signum)
+        sent = time.time()
         output = proc.communicate(timeout=60)[0]
+        if timing is not None:
+            timing["exit_s"] = time.time() - sent
     finally:
         if proc.poll() is None:
             proc.kill()

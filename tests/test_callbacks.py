@@ -109,31 +109,6 @@ def test_sigkill_then_rerun_with_the_callback_resumes_exactly(tiny_data_dir, tmp
     assert rerun[second + 1] == ("epoch_begin", 1)  # the rerun's callbacks resume at epoch 2
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_two_workers_every_worker_and_chief_only_and_the_chiefs_stop(tiny_data_dir, tmp_path,
-                                                                      monkeypatch):
-    from test_multiworker import _results, _run_cluster
-
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT / "src")]))
-    every, chief = tmp_path / "every.jsonl", tmp_path / "chief.jsonl"
-    _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), "loop=keras_fit", *SMALL,
-                 "trainer.epochs=3", RECORDER, f"+callbacks.rec.path={every}",
-                 "+callbacks.boss._target_=callback_recorder.Recorder",
-                 f"+callbacks.boss.path={chief}", "+callbacks.boss._chief_only_=true",
-                 "+callbacks.boss.stop_epoch=1", "+callbacks.boss.stop_step=2")
-    results = _results(tmp_path / "W0")
-    assert results["stopped_early"] == {"epoch": 2, "reason": "callback"}
-    by_pid: dict[int, list] = {}
-    for hook, index, _, pid in _calls(every):
-        by_pid.setdefault(pid, []).append((hook, index))
-    assert len(by_pid) == 2 and len({pid for *_, pid in _calls(chief)}) == 1
-    first, second = by_pid.values()
-    assert first == second  # the same calls on both workers; the epoch ran to its end
-    assert first[-4:] == [("batch_begin", 4), ("batch_end", 4), ("epoch_end", 1),
-                          ("train_end", None)]
-
-
 @pytest.mark.parametrize("entry,says", [
     ("_target_=callback_recorder.Nope", "callbacks.bad._target_=callback_recorder.Nope does "
      "not import"),

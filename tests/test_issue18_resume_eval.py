@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import fast_overrides, run_cli, sigterm_in_epoch_two, stop_at
+from conftest import stop_at
 
 pytestmark = pytest.mark.slow  # every test here trains
 
@@ -108,27 +108,6 @@ def test_checkpoint_without_epoch_sums_still_resumes(run_inprocess, monkeypatch,
         assert run_inprocess(*args, out=tmp_path / "r")["epochs_completed"] == 2
     warned = [r.getMessage() for r in caplog.records if "predates" in r.getMessage()]
     assert len(warned) == 1 and "epoch 2" in warned[0] and "after step 2" in warned[0]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
-def test_sigterm_mid_epoch_then_rerun_matches_the_uninterrupted_run(loop, tiny_data_dir,
-                                                                    tmp_path):
-    target = "trainer.target.metric=accuracy"
-    args = [*fast_overrides(tiny_data_dir), f"loop={loop}", "strategy=default", *SMALL,
-            "trainer.steps_per_epoch=300", target, "trainer.target.value=0.5"]
-    a, b = tmp_path / "a", tmp_path / "b"
-    out = run_cli(*args, f"hydra.run.dir={a}")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-
-    returncode, output = sigterm_in_epoch_two(args, b)
-    assert returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert _results(b)["steps_in_epoch"] > 0, "the signal did not land mid-epoch 2"
-    out = run_cli(*args, f"hydra.run.dir={b}")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    _same_rows(b, a)
-    for key in ("test_loss", "epochs_to_target"):
-        assert _results(b)[key] == pytest.approx(_results(a)[key], abs=1e-6), key
 
 
 # ---- item 15: the profiler after a resume

@@ -100,11 +100,23 @@ def reference(run_once):
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny_data_dir,
-                                                                      tmp_path, reference):
+                                                                      tmp_path, reference,
+                                                                      monkeypatch):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # logger=mlflow: the chief only records
     tracked = ("logger=mlflow", f"logger.tracking_uri={store}") if loop == "keras_fit" else ()
+    # keras_fit: a callback on every worker, and a chief-only one that asks to stop after
+    # step 2 of the last epoch (across workers a stop counts at the epoch's end, so the
+    # training is the reference's)
+    every, boss = tmp_path / "every.jsonl", tmp_path / "chief.jsonl"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    callbacks = ("+callbacks.rec._target_=callback_recorder.Recorder",
+                 f"+callbacks.rec.path={every}",
+                 "+callbacks.boss._target_=callback_recorder.Recorder",
+                 f"+callbacks.boss.path={boss}", "+callbacks.boss._chief_only_=true",
+                 "+callbacks.boss.stop_epoch=2", "+callbacks.boss.stop_step=2"
+                 ) if loop == "keras_fit" else ()
     _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
-                 "trainer.export=true", *tracked)
+                 "trainer.export=true", *tracked, *callbacks)
     chief = _results(tmp_path / "W0")
     assert (chief["num_replicas"], chief["global_batch_size"]) == (2, 128)
     assert chief["strategy"] == "MultiWorkerMirroredStrategy" and chief["loop"] == loop
@@ -122,6 +134,18 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
         [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
         assert run.data.tags["distlab.run_dir"] == str(tmp_path / "W0")
         assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
+    if callbacks:
+        from test_callbacks import _calls
+
+        assert chief["stopped_early"] == {"epoch": 3, "reason": "callback"}
+        by_pid: dict[int, list] = {}
+        for hook, index, _, pid in _calls(every):
+            by_pid.setdefault(pid, []).append((hook, index))
+        assert len(by_pid) == 2 and len({pid for *_, pid in _calls(boss)}) == 1
+        first, second = by_pid.values()
+        assert first == second  # the same calls on both workers; the epoch ran to its end
+        assert first[-4:] == [("batch_begin", 29), ("batch_end", 29), ("epoch_end", 2),
+                              ("train_end", None)]
 
     if loop == "custom":  # evaluate across the workers: only the chief's disk has the
         # checkpoint; another loop and optimizer (adam's slots are not restored)

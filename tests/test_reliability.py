@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides, run_cli
+from conftest import ROOT, fast_overrides, run_cli, sigterm_in_epoch_two
 
 pytestmark = pytest.mark.slow
 
@@ -102,28 +102,39 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
-def test_sigterm_checkpoints_then_resumes(loop, tiny_data_dir, tmp_path):
-    # 200 steps per epoch: the signal, 0.5 s after epoch 1's row, lands while training
-    args = _args(tiny_data_dir, loop, tmp_path, "trainer.epochs=4",
-                 "trainer.steps_per_epoch=200")
-    proc = _start(*args)
-    _wait_rows(proc, tmp_path, 1)
-    time.sleep(0.5)
-    sent = time.time()
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=30)[0]
-    assert time.time() - sent < 10
-    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
-    assert "Traceback" not in output
-    interrupted = _results(tmp_path)
-    assert interrupted["status"] == "interrupted"
-    assert interrupted["epochs_completed"] >= 1
-    assert (tmp_path / "checkpoints" / "checkpoint").exists()
+def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_run(
+        loop, tiny_data_dir, tmp_path, run_inprocess):
+    """A real SIGTERM mid-epoch 2: exit 143 within seconds, one line, status interrupted, a
+    mid-epoch checkpoint; the rerun's rows (the resumed epoch whole), test loss and time to
+    target equal an uninterrupted run's (in this process, on the same default strategy)."""
+    from test_issue18_resume_eval import SMALL, _same_rows
 
-    out = run_cli(*args)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    done = _results(tmp_path)
-    assert done["status"] == "completed" and done["epochs_completed"] == 4
+    # 300 small steps an epoch: the signal, 0.3 s after epoch 1's checkpoint, lands mid-epoch
+    training = [f"loop={loop}", "strategy=default", *SMALL, "trainer.steps_per_epoch=300",
+                "trainer.target.metric=accuracy", "trainer.target.value=0.5"]
+    args = [*fast_overrides(tiny_data_dir), *training]
+    whole = run_inprocess(*training, out=tmp_path / "a")
+
+    timing: dict = {}
+    returncode, output = sigterm_in_epoch_two(args, tmp_path / "b", timing=timing)
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "Traceback" not in output
+    assert timing["exit_s"] < 10
+    stopped = [ln for ln in output.splitlines() if "stopped by signal" in ln]
+    assert len(stopped) == 1 and "Rerun the same command to resume" in stopped[0], output[-3000:]
+    interrupted = _results(tmp_path / "b")
+    assert interrupted["status"] == "interrupted"
+    assert interrupted["epochs_completed"] == 1
+    assert interrupted["steps_in_epoch"] > 0, "the signal did not land mid-epoch 2"
+    assert (tmp_path / "b" / "checkpoints" / "checkpoint").exists()
+
+    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    done = _results(tmp_path / "b")
+    assert done["status"] == "completed" and done["epochs_completed"] == 2
+    _same_rows(tmp_path / "b", tmp_path / "a")
+    for key in ("test_loss", "epochs_to_target"):
+        assert done[key] == pytest.approx(whole[key], abs=1e-6), key
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])

@@ -158,8 +158,14 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir, tmp_path,
-                                                             reference):
-    args = (*fast_overrides(tiny_data_dir), *RUN, f"loop={loop}")
+                                                             reference, monkeypatch):
+    # custom: a user's loop that trains as loop=custom and adds an item of its own to the
+    # checkpoint (tests/user_loops.py: `counting`, the examples it trained on). Worker 1's run
+    # dir has no checkpoint: the chief restores and broadcasts every item, the loop's included
+    user_loop = ("imports=[user_loops]", "loop.name=counting") if loop == "custom" else ()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    monkeypatch.setenv("USER_LOOP_OUT", str(tmp_path))
+    args = (*fast_overrides(tiny_data_dir), *RUN, f"loop={loop}", *user_loop)
     procs, workers = _cluster(tmp_path, *args)
     _wait_rows(procs, tmp_path / "W0", 1)
     procs[1].kill()
@@ -183,6 +189,9 @@ def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir
     history = [int(r.split(",")[0]) for r in
                (tmp_path / "W0" / "history.csv").read_text().splitlines()[1:]]
     assert history == [1, 2, 3]
+    if user_loop:  # both workers counted on from the checkpoint's value: 3 x 30 x 128
+        seen = [float((tmp_path / f"seen-{i}").read_text()) for i in range(2)]
+        assert seen == [3 * 30 * 128] * 2, seen
 
 
 def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_path, run_once):

@@ -1,16 +1,16 @@
 """A user's Loop implements its steps only; the Controller gives it everything else, and an
-item it adds to the checkpoint is saved, resumed and broadcast to every worker."""
+item it adds to the checkpoint is saved and resumed (and broadcast to every worker:
+test_multiworker.py's restart after a dead worker runs the same `counting` loop)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import fast_overrides, stop_at
+from conftest import stop_at
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -106,23 +106,3 @@ def test_a_loop_state_item_is_checkpointed_and_resumed(run_inprocess, monkeypatc
     monkeypatch.setenv("USER_LOOP_OUT", str(resumed_out))
     run_inprocess(*args, out=tmp_path / "resumed")  # restores examples_seen, then counts on
     assert _seen(resumed_out) == _seen(whole_out)
-
-
-@pytest.mark.multiprocess
-def test_a_loop_state_item_is_broadcast_to_every_worker(tiny_data_dir, tmp_path):
-    """Worker 1's run dir has no checkpoint: the chief restores and broadcasts every item of
-    the checkpoint, the loop's own included, so both workers count on from the same value."""
-    from test_multiworker import _finish, _free_ports, _start
-
-    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "USER_LOOP_OUT": str(tmp_path)}
-    args = [*fast_overrides(tiny_data_dir), *COUNTING, "trainer.steps_per_epoch=4",
-            "dataset.batch_size_per_replica=16", "seed=3"]
-    for epochs in (1, 2):  # then a rerun of the same run dir with one more epoch
-        workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
-        procs = [_start(i, workers, *args, f"trainer.epochs={epochs}",
-                        f"hydra.run.dir={tmp_path / f'W{i}'}", env=env) for i in range(2)]
-        for proc in procs:
-            out = _finish(proc)
-            assert proc.returncode == 0, out[-3000:]
-        assert _seen(tmp_path, 0) == _seen(tmp_path, 1) == epochs * 4 * 32, epochs

@@ -56,15 +56,14 @@ def _record_rows(monkeypatch) -> list[dict]:
 
 
 # ---- item 2: the resumed epoch's row covers the whole epoch
+# (one device, one step per block: test_reliability.py's real SIGTERM test, in both loops)
 @pytest.mark.parametrize("loop,options,stop", [
-    ("custom", ("strategy=default",), 5),
-    ("keras_fit", ("strategy=default",), 5),
     ("custom", ("strategy=default", "loop.steps_per_loop=3"), 6),  # stops at block ends
     ("keras_fit", ("strategy=default", "loop.steps_per_execution=3"), 6),
     pytest.param("keras_fit", ("strategy.cpu_devices=2",), 5, marks=pytest.mark.slow),
     pytest.param("custom", ("strategy.cpu_devices=2",), 5, marks=pytest.mark.slow),
-], ids=["custom", "keras_fit", "custom-steps_per_loop", "keras_fit-steps_per_execution",
-        "keras_fit-2replicas", "custom-2replicas"])
+], ids=["custom-steps_per_loop", "keras_fit-steps_per_execution", "keras_fit-2replicas",
+        "custom-2replicas"])
 def test_resumed_epoch_row_equals_the_uninterrupted_one(loop, options, stop, run_inprocess,
                                                         monkeypatch, tmp_path, caplog):
     args = (f"loop={loop}", *options, *SMALL, "trainer.steps_per_epoch=12",
@@ -147,12 +146,13 @@ EVAL = ("strategy=default", "trainer.epochs=1", "trainer.validate_every=0")
     ("precision=mixed_float16", 2, "keras_fit", "precision=mixed_float16", 1e-6),
 ])
 def test_evaluate_restores_only_the_model(trained_with, steps, loop, evaluated_with, tolerance,
-                                          run_inprocess, tmp_path, caplog):
-    trained = run_inprocess("loop=keras_fit", *EVAL, trained_with,
-                            f"trainer.steps_per_epoch={steps}", out=tmp_path / "train")
+                                          run_once, run_inprocess, tmp_path, caplog):
+    # one training per trained_with, shared by the cases that evaluate it
+    trained, train_dir = run_once("loop=keras_fit", *EVAL, trained_with,
+                                  f"trainer.steps_per_epoch={steps}")
     caplog.clear()
     evaluated = run_inprocess(f"loop={loop}", *EVAL, "mode=evaluate", evaluated_with,
-                              f"ckpt_path={tmp_path / 'train'}", out=tmp_path / "eval")
+                              f"ckpt_path={train_dir}", out=tmp_path / "eval")
     assert evaluated["trained"]["epochs_completed"] == 1
     other_precision = [r.getMessage() for r in caplog.records
                        if "is evaluated with precision" in r.getMessage()]

@@ -1,4 +1,6 @@
-"""User Keras callbacks (`callbacks:`) in both loops, and the progress display."""
+"""User Keras callbacks (`callbacks:`) in both loops, and the progress display. (Resume after
+kill -9 with a callback present: test_reliability.py; callbacks across two workers:
+test_multiworker.py.)"""
 
 from __future__ import annotations
 
@@ -7,13 +9,12 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose, fast_overrides, run_cli, sigterm_in_epoch_two
+from conftest import ROOT, compose, fast_overrides, run_cli
 
 TESTS = Path(__file__).resolve().parent
 RECORDER = "+callbacks.rec._target_=callback_recorder.Recorder"
@@ -82,31 +83,6 @@ def test_a_callback_that_stops_training(loop, stop_step, run_inprocess, tmp_path
                           ("epoch_end", 1), ("train_end", None)]
     assert run_inprocess(*args, out=out)["stopped_early"]["reason"] == "callback"  # not retrained
     assert len(_calls(path)) == len(calls)
-
-
-@pytest.mark.slow
-def test_sigkill_then_rerun_with_the_callback_resumes_exactly(tiny_data_dir, tmp_path,
-                                                              run_inprocess, monkeypatch):
-    extra = ("loop=keras_fit", "trainer.epochs=3", "trainer.steps_per_epoch=150",
-             "deterministic=true", "seed=11", "model=mlp", "model.hidden_units=[32]",
-             "model.dropout=0.3", "strategy.cpu_devices=1", RECORDER)
-    whole = tmp_path / "whole"
-    run_inprocess(*extra, f"+callbacks.rec.path={tmp_path / 'whole.jsonl'}", out=whole)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(ROOT / "src")]))
-    run_dir, path = tmp_path / "killed", tmp_path / "killed.jsonl"
-    args = [*fast_overrides(tiny_data_dir), *extra, f"+callbacks.rec.path={path}"]
-    returncode, _ = sigterm_in_epoch_two(args, run_dir, signum=signal.SIGKILL)
-    assert returncode == -signal.SIGKILL
-    out = run_cli(*args, f"hydra.run.dir={run_dir}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    resumed, expected = _history(run_dir), _history(whole)
-    assert [r["epoch"] for r in resumed] == ["1", "2", "3"]
-    for row, want in zip(resumed, expected, strict=True):
-        for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
-            assert float(row[key]) == pytest.approx(float(want[key]), abs=1e-6), key
-    rerun = [(h, i) for h, i, *_ in _calls(path)]
-    second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
-    assert rerun[second + 1] == ("epoch_begin", 1)  # the rerun's callbacks resume at epoch 2
 
 
 @pytest.mark.parametrize("entry,says", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("loop,option", [("keras_fit", "trainer.grad_accum_steps=4"),
                                          ("custom", "precision=mixed_bfloat16")])
 def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_path,
-                                            run_inprocess):
+                                            run_inprocess, monkeypatch):
     # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch; dropout
     # (its RNG state is checkpointed), batch norm and seeded augmentation must resume exactly,
     # and so must gradient accumulation (150 steps: epoch 1 ends mid-accumulation), mixed
@@ -70,17 +71,29 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
              "dataset.augment.flip=horizontal", "trainer.best_checkpoint.metric=val_loss",
              "strategy.cpu_devices=1", option)
     a, c = tmp_path / "a", tmp_path / "c"
-    uninterrupted = run_inprocess(*_training(loop, *extra), out=a)
+    # keras_fit: with a user's callback present (tests/callback_recorder.py), which the rerun
+    # restarts at epoch 2
+    calls = tmp_path / "calls.jsonl"
+    callback = ("+callbacks.rec._target_=callback_recorder.Recorder",
+                f"+callbacks.rec.path={calls}") if loop == "keras_fit" else ()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    uninterrupted = run_inprocess(*_training(loop, *extra), *callback, out=a)
+    calls.unlink(missing_ok=True)
 
     for run_dir, rows, delay in ((c, 1, 0.4),):  # mid-epoch 2 (the rerun retrains epoch 2)
-        proc = _start(*_args(tiny_data_dir, loop, run_dir, *extra))
+        proc = _start(*_args(tiny_data_dir, loop, run_dir, *extra, *callback))
         _wait_rows(proc, run_dir, rows)
         time.sleep(delay)
         proc.kill()
         proc.wait()
-        out = run_cli(*_args(tiny_data_dir, loop, run_dir, *extra))
+        out = run_cli(*_args(tiny_data_dir, loop, run_dir, *extra, *callback))
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         resumed = _results(run_dir)
+        if callback:
+            rerun = [(hook, index) for hook, index, *_ in map(json.loads,
+                                                              calls.read_text().splitlines())]
+            second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
+            assert second > 0 and rerun[second + 1] == ("epoch_begin", 1)
         assert resumed["epochs_completed"] == 3
         assert resumed["test_loss"] == pytest.approx(uninterrupted["test_loss"], abs=1e-6)
         assert resumed["test_accuracy"] == pytest.approx(uninterrupted["test_accuracy"],

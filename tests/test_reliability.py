@@ -125,7 +125,9 @@ def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_
     # 300 small steps an epoch: the signal, 0.3 s after epoch 1's checkpoint, lands mid-epoch
     training = [f"loop={loop}", "strategy=default", *SMALL, "trainer.steps_per_epoch=300",
                 "trainer.target.metric=accuracy", "trainer.target.value=0.5"]
-    args = [*fast_overrides(tiny_data_dir), *training]
+    # loop.verbose left at auto: in a pipe, only the epoch lines (no progress bar)
+    args = [*(a for a in fast_overrides(tiny_data_dir) if not a.startswith("loop.verbose")),
+            *training]
     whole = run_inprocess(*training, out=tmp_path / "a")
 
     timing: dict = {}
@@ -143,6 +145,10 @@ def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_
 
     out = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for text, epochs in ((output, ["epoch 1/2"]), (out.stdout, ["epoch 2/2"])):
+        assert [ln.split(" - ")[1] for ln in text.splitlines() if " - epoch " in ln] == epochs
+        assert "\r" not in text and "\b" not in text and "━" not in text, text[-3000:]
+        assert "Epoch 1" not in text and "example_loss" not in text
     done = _results(tmp_path / "b")
     assert done["status"] == "completed" and done["epochs_completed"] == 2
     _same_rows(tmp_path / "b", tmp_path / "a")

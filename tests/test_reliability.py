@@ -41,6 +41,10 @@ def _results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
+def _column(run_dir: Path, name: str) -> int:
+    return (run_dir / "history.csv").read_text().splitlines()[0].split(",").index(name)
+
+
 def _digest(run_dir: Path) -> dict[str, str]:
     return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(run_dir.rglob("*")) if p.is_file()}
@@ -71,13 +75,14 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
              "dataset.augment.flip=horizontal", "trainer.best_checkpoint.metric=val_loss",
              "strategy.cpu_devices=1", option)
     a, c = tmp_path / "a", tmp_path / "c"
-    # keras_fit: with a user's callback present (tests/callback_recorder.py), which the rerun
-    # restarts at epoch 2
-    calls = tmp_path / "calls.jsonl"
+    # keras_fit: with a user's callback (tests/callback_recorder.py), which the rerun restarts
+    # at epoch 2, and logger=mlflow, whose run the rerun continues (each epoch logged once)
+    calls, store = tmp_path / "calls.jsonl", f"sqlite:///{tmp_path / 'mlflow.db'}"
     callback = ("+callbacks.rec._target_=callback_recorder.Recorder",
-                f"+callbacks.rec.path={calls}") if loop == "keras_fit" else ()
+                f"+callbacks.rec.path={calls}", "logger=mlflow",
+                f"logger.tracking_uri={store}") if loop == "keras_fit" else ()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
-    uninterrupted = run_inprocess(*_training(loop, *extra), *callback, out=a)
+    uninterrupted = run_inprocess(*_training(loop, *extra), *callback[:2], out=a)
     calls.unlink(missing_ok=True)
 
     for run_dir, rows, delay in ((c, 1, 0.4),):  # mid-epoch 2 (the rerun retrains epoch 2)
@@ -94,6 +99,16 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
                                                               calls.read_text().splitlines())]
             second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
             assert second > 0 and rerun[second + 1] == ("epoch_begin", 1)
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(store)
+            [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+            assert run.info.status == "FINISHED"
+            history = client.get_metric_history(run.info.run_id, "val_loss")
+            assert [m.step for m in history] == [1, 2, 3]
+            assert [m.value for m in history] == pytest.approx(
+                [float(r.split(",")[_column(run_dir, "val_loss")]) for r in
+                 (run_dir / "history.csv").read_text().splitlines()[1:]], rel=1e-5)
         assert resumed["epochs_completed"] == 3
         assert resumed["test_loss"] == pytest.approx(uninterrupted["test_loss"], abs=1e-6)
         assert resumed["test_accuracy"] == pytest.approx(uninterrupted["test_accuracy"],

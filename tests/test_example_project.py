@@ -71,41 +71,36 @@ def test_digits_keras_fit_on_two_replicas(tmp_path):
     assert results["test_accuracy"] > 0.85
 
 
-def test_diabetes_custom_loop_reports_the_tasks_metrics(tmp_path):
-    run_example("experiment=diabetes", "loop=custom", "strategy=default", "trainer.epochs=3",
-                "trainer.export=false", f"hydra.run.dir={tmp_path}", *QUIET)
-    metrics = ["mae", "rmse", "within_tolerance"]
-    results = check_run_dir(tmp_path, metrics, epochs=3, export=False)
-    assert (results["dataset"], results["loop"], results["num_replicas"]) == ("diabetes",
-                                                                              "custom", 1)
-    assert results["objective"] == "val_mae"  # the task's first metric, on validation
-    assert "test_accuracy" not in results
-    mae, rmse, hits = (results[f"test_{m}"] for m in metrics)
-    assert 0 < mae <= rmse < 1.5  # standardised target: a fit beats predicting the mean (1)
-    assert 0 < hits < 1  # some, not all, predictions within task.tolerance (0.5)
-    # the loss is Huber's (delta 1): per example at most e**2 / 2 and at most delta * |e|
-    assert 0 < results["test_loss"] <= min(rmse ** 2 / 2, 1.0 * mae) + 1e-6
-    assert "target standardised with the train split's mean" in (tmp_path / "run.log").read_text()
-
-
-def test_sweep_over_the_example(tmp_path):
-    run_example("-m", "experiment=diabetes", "strategy=default", "trainer.epochs=2",
-                "trainer.export=false", "dataset.batch_size_per_replica=16,32",
-                f"hydra.sweep.dir={tmp_path}", *QUIET)
+def test_diabetes_sweep_over_both_loops_reports_the_tasks_metrics(tmp_path):
+    """One sweep process over the example, custom loop then keras_fit: each job's run
+    directory, the task's metrics, and the summary's figures are the job's."""
+    run_example("-m", "experiment=diabetes", "strategy=default", "trainer.epochs=3",
+                "trainer.export=false", "loop=custom,keras_fit",
+                f"hydra.sweep.dir={tmp_path}", *QUIET, timeout=240)
     with open(tmp_path / "summary.csv", newline="") as f:
         jobs = list(csv.DictReader(f))
-    assert [(job["status"], job["dataset.batch_size_per_replica"]) for job in jobs] == [
-        ("completed", "16"), ("completed", "32")]
-    for num, batch in ((0, 16), (1, 32)):
-        results = check_run_dir(tmp_path / str(num), ["mae", "rmse", "within_tolerance"],
-                                epochs=2, export=False)
-        assert results["batch_size_per_replica"] == batch
+    assert [(job["status"], job["loop"]) for job in jobs] == [
+        ("completed", "custom"), ("completed", "keras_fit")]
+    metrics = ["mae", "rmse", "within_tolerance"]
+    for num, loop in enumerate(("custom", "keras_fit")):
+        run_dir = tmp_path / str(num)
+        results = check_run_dir(run_dir, metrics, epochs=3, export=False)
+        assert (results["dataset"], results["loop"], results["num_replicas"]) == (
+            "diabetes", loop, 1)
+        assert results["objective"] == "val_mae"  # the task's first metric, on validation
+        assert "test_accuracy" not in results
+        mae, rmse, hits = (results[f"test_{m}"] for m in metrics)
+        assert 0 < mae <= rmse < 1.5  # standardised target: a fit beats predicting the mean
+        assert 0 < hits < 1  # some, not all, predictions within task.tolerance (0.5)
+        # the loss is Huber's (delta 1): per example at most e**2 / 2 and at most delta * |e|
+        assert 0 < results["test_loss"] <= min(rmse ** 2 / 2, 1.0 * mae) + 1e-6
+        assert "target standardised with the train split's mean" in (
+            run_dir / "run.log").read_text()
         for metric in ("test_mae", "test_rmse", "test_loss"):  # the summary's are the job's
             assert float(jobs[num][metric]) == pytest.approx(results[metric], rel=1e-9), metric
 
 
-@pytest.mark.parametrize("loop,replicas", [("keras_fit", 1), ("custom", 2)])
-def test_breast_cancer_binary_figures_are_the_served_models(loop, replicas, tmp_path):
+def check_breast_cancer_served(run_dir: Path, replicas: int) -> None:
     """task=binary on raw features standardised inside the model: the SavedModel, served raw
     test features, gives the run's test_auc (scikit-learn's ROC AUC, within 2e-3), and its
     test_precision and test_recall exactly at probability 0.5."""
@@ -115,14 +110,12 @@ def test_breast_cancer_binary_figures_are_the_served_models(loop, replicas, tmp_
     from sklearn.metrics import precision_score, recall_score, roc_auc_score
     from sklearn.model_selection import train_test_split
 
-    run_example("experiment=breast_cancer", f"loop={loop}", f"strategy.cpu_devices={replicas}",
-                "trainer.epochs=8", f"hydra.run.dir={tmp_path}", *QUIET)
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())
     assert results["status"] == "completed" and results["num_replicas"] == replicas
     x, y = load_breast_cancer(return_X_y=True)  # the example's split (test_fraction 0.25)
     _, x_test, _, y_test = train_test_split(x.astype(np.float32), y, test_size=0.25,
                                             random_state=0, stratify=y)
-    served = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
+    served = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
     p = served(inputs=tf.constant(x_test))["output_0"].numpy()[:, 0]  # raw features in
     assert results["test_auc"] == pytest.approx(roc_auc_score(y_test, p), abs=2e-3)
     assert results["test_precision"] == pytest.approx(precision_score(y_test, p > 0.5), abs=1e-7)
@@ -131,20 +124,16 @@ def test_breast_cancer_binary_figures_are_the_served_models(loop, replicas, tmp_
     assert results["test_accuracy"] > 0.9 and results["num_validation"] == 43
 
 
-@pytest.mark.parametrize("example, experiment", [
-    ("tabular_project", "breast_cancer_two_inputs"), ("text_project", "reviews")])
-def test_string_input_examples_serve_raw_inputs(example, experiment, tmp_path, monkeypatch):
-    """The two-input (floats + a string category) and the text example, on 2 replicas in the
-    custom loop: the SavedModel, served the raw test inputs (strings included), gives the
-    run's test_accuracy."""
+def check_string_input_served(example: str, experiment: str, run_dir: Path,
+                              monkeypatch) -> None:
+    """The SavedModel of a string-input example's run, served the raw test inputs (strings
+    included), gives the run's test_accuracy."""
     import numpy as np
     import tensorflow as tf
     from omegaconf import OmegaConf
 
     where = ROOT / "examples" / example
-    run_example(f"experiment={experiment}", "loop=custom", "strategy.cpu_devices=2",
-                "trainer.epochs=3", f"hydra.run.dir={tmp_path}", *QUIET, example=where)
-    results = json.loads((tmp_path / "results.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())
     assert results["status"] == "completed" and results["num_replicas"] == 2
     # the builder module, loaded without registering its names in this process (tabular's
     # `breast_cancer` would shadow tfds' for other tests in this worker)
@@ -156,12 +145,38 @@ def test_string_input_examples_serve_raw_inputs(example, experiment, tmp_path, m
     data = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, data)  # its dataclasses look it up
     spec.loader.exec_module(data)
-    node = OmegaConf.load(tmp_path / ".hydra" / "config.yaml").dataset
+    node = OmegaConf.load(run_dir / ".hydra" / "config.yaml").dataset
     builder = {"breast_cancer_two_inputs": "breast_cancer_two_inputs",
                "reviews": "reviews_dataset"}[experiment]
     x, y = getattr(data, builder)(node).test
-    served = tf.saved_model.load(str(tmp_path / "saved_model")).signatures["serving_default"]
+    served = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
     inputs = x if isinstance(x, dict) else {"inputs": x}
     out = served(**{k: tf.constant(v) for k, v in inputs.items()})["output_0"].numpy()
     predicted = out[:, 0] > 0.5 if out.shape[-1] == 1 else out.argmax(-1)
     assert results["test_accuracy"] == pytest.approx(np.mean(predicted == y), abs=1e-7)
+
+
+def test_breast_cancer_keras_fit_on_one_replica_serves_its_binary_figures(tmp_path):
+    run_example("experiment=breast_cancer", "loop=keras_fit", "strategy.cpu_devices=1",
+                "trainer.epochs=8", f"hydra.run.dir={tmp_path}", *QUIET)
+    check_breast_cancer_served(tmp_path, replicas=1)
+
+
+def test_tabular_binary_examples_in_the_custom_loop_on_two_replicas_serve_raw_inputs(
+        tmp_path, monkeypatch):
+    """One sweep process, custom loop on 2 replicas: breast_cancer (raw features) and the
+    two-input example (floats + a string category)."""
+    run_example("-m", "experiment=breast_cancer,breast_cancer_two_inputs", "loop=custom",
+                "strategy.cpu_devices=2", "trainer.epochs=8", f"hydra.sweep.dir={tmp_path}",
+                *QUIET, timeout=240)
+    check_breast_cancer_served(tmp_path / "0", replicas=2)
+    check_string_input_served("tabular_project", "breast_cancer_two_inputs", tmp_path / "1",
+                              monkeypatch)
+
+
+def test_text_example_in_the_custom_loop_on_two_replicas_serves_raw_strings(tmp_path,
+                                                                             monkeypatch):
+    run_example("experiment=reviews", "loop=custom", "strategy.cpu_devices=2",
+                "trainer.epochs=3", f"hydra.run.dir={tmp_path}", *QUIET,
+                example=ROOT / "examples" / "text_project")
+    check_string_input_served("text_project", "reviews", tmp_path, monkeypatch)

@@ -23,7 +23,8 @@ def _raw_test_split(data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
 def test_saved_model_cli_on_raw_images_reproduces_test_accuracy(tiny_data_dir, tmp_path,
                                                                 run_inprocess):
     run_dir = tmp_path / "run"  # trained and exported in this process; served by a process
-    results = run_inprocess("trainer.export=true", "trainer.epochs=1",
+    results = run_inprocess("trainer.export=true", "trainer.epochs=1", "model=mlp",
+                            "model.hidden_units=[32]", "trainer.validate_every=0",
                             "optimizer.learning_rate=2e-4", "strategy.cpu_devices=2", out=run_dir)
     images, labels = _raw_test_split(tiny_data_dir)
     assert images.dtype == np.uint8  # raw pixels, as a client sends them

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -314,16 +315,37 @@ def saved_model_cli_accuracy(run_dir: Path, inputs: dict[str, np.ndarray], label
     return float(np.mean(logits.argmax(-1) == labels))
 
 
+def served_accuracy(run_dir: Path, inputs: dict[str, np.ndarray], labels: np.ndarray) -> float:
+    """As saved_model_cli_accuracy, with the SavedModel loaded in this process (the kill
+    tests below serve through `saved_model_cli` itself, mixed and text inputs)."""
+    signature = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    logits = signature(**{name: tf.constant(v) for name, v in inputs.items()})["output_0"]
+    assert logits.shape == (len(labels), 2)
+    return float(np.mean(logits.numpy().argmax(-1) == labels))
+
+
+# the kill tests' runs: 60 steps an epoch, so that the kill lands inside epoch 2
+KILLED = {("mixed", "keras_fit"), ("text", "custom")}
+
+
+def _args(kind: str, loop: str) -> tuple[str, ...]:
+    """The overrides of the `kind` run in `loop`; the same run (run_once) in every test."""
+    base = MIXED if kind == "mixed" else TEXT
+    if (kind, loop) not in KILLED:
+        return (*base, f"loop={loop}")
+    return (*(a for a in base if not a.startswith("trainer.epochs")), f"loop={loop}",
+            "trainer.epochs=3", "trainer.steps_per_epoch=60")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 @pytest.mark.parametrize("kind", ["mixed", "text"])
-def test_structured_models_train_in_both_loops_and_serve_raw_inputs(kind, loop, run_once,
-                                                                    tmp_path):
-    results, run_dir = run_once(*(MIXED if kind == "mixed" else TEXT), f"loop={loop}")
+def test_structured_models_train_in_both_loops_and_serve_raw_inputs(kind, loop, run_once):
+    results, run_dir = run_once(*_args(kind, loop))
     assert (results["status"], results["num_replicas"]) == ("completed", 2)
     assert results["export_max_abs_diff"] < 1e-4
     assert results["test_accuracy"] > (0.75 if kind == "mixed" else 0.6)
-    served = saved_model_cli_accuracy(run_dir, *raw_test_inputs(kind), tmp_path)
+    served = served_accuracy(run_dir, *raw_test_inputs(kind))
     assert served == pytest.approx(results["test_accuracy"], abs=1e-9)
 
 
@@ -336,7 +358,7 @@ def _rows(run_dir: Path) -> list[dict]:
 def test_stopped_mid_epoch_then_rerun_equals_the_uninterrupted_run(run_once, run_inprocess,
                                                                    monkeypatch, tmp_path):
     """Adapted state (StringLookup re-adapted, Normalization restored) resumes exactly."""
-    args = (*MIXED, "loop=custom")
+    args = _args("mixed", "custom")
     whole, whole_dir = run_once(*args)
     out = tmp_path / "stopped"
     stop_at(monkeypatch, epoch=1, step=3)
@@ -361,13 +383,14 @@ def test_stopped_mid_epoch_then_rerun_equals_the_uninterrupted_run(run_once, run
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, loop", [("mixed", "keras_fit"), ("text", "custom")])
 def test_killed_mid_epoch_then_rerun_equals_the_uninterrupted_run(kind, loop, run_once,
-                                                                  tiny_data_dir, tmp_path):
+                                                                  run_inprocess, tiny_data_dir,
+                                                                  tmp_path, caplog):
     """kill -9 of a `python run.py` in epoch 2 (after epoch 1's checkpoint, before epoch 2's
-    row), then the same command again: every history row and the test figures equal the
-    uninterrupted run's within 1e-6 (the adapted StringLookup / TextVectorization /
-    Normalization state comes back from the checkpoint), and so does the served model."""
-    base = [a for a in (MIXED if kind == "mixed" else TEXT) if not a.startswith("trainer.epochs")]
-    args = (*base, f"loop={loop}", "trainer.epochs=3", "trainer.steps_per_epoch=60")
+    row), then the same run again (in this process: what is under test is the run directory
+    the kill left): every history row and the test figures equal the uninterrupted run's
+    within 1e-6 (the adapted StringLookup / TextVectorization / Normalization state comes
+    back from the checkpoint), and so does the model `saved_model_cli` serves."""
+    args = _args(kind, loop)
     whole, whole_dir = run_once(*args)
     run_dir = tmp_path / "killed"
     command = [sys.executable, "run.py", *fast_overrides(tiny_data_dir), *args,
@@ -378,7 +401,8 @@ def test_killed_mid_epoch_then_rerun_equals_the_uninterrupted_run(kind, loop, ru
     try:
         deadline = time.time() + 180
         while not (len(_rows(run_dir) if (run_dir / "history.csv").exists() else []) >= 1
-                   and list(run_dir.glob("checkpoints/ckpt-*.index"))):
+                   and list(run_dir.glob("checkpoints/ckpt-*.index"))
+                   and (run_dir / "checkpoints" / "checkpoint").exists()):  # its state file
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.time() < deadline, "timed out waiting for epoch 1"
             time.sleep(0.02)
@@ -391,11 +415,9 @@ def test_killed_mid_epoch_then_rerun_equals_the_uninterrupted_run(kind, loop, ru
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert len(_rows(run_dir)) == 1  # killed in epoch 2, after epoch 1's checkpoint
-    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert "resuming from" in (run_dir / "run.log").read_text()
-    resumed = json.loads((run_dir / "results.json").read_text())
+    caplog.set_level(logging.INFO, logger="distlab")
+    resumed = run_inprocess(*args, out=run_dir)
+    assert any(r.getMessage().startswith("resuming from") for r in caplog.records)
     rows, want = _rows(run_dir), _rows(whole_dir)
     assert [r["epoch"] for r in rows] == ["1", "2", "3"]
     for row, expected in zip(rows, want, strict=True):

@@ -9,7 +9,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 SMALL = ("strategy=default", "trainer.steps_per_epoch=2", "trainer.epochs=1",
-         "dataset.batch_size_per_replica=16")
+         "dataset.batch_size_per_replica=16", "model=mlp", "model.hidden_units=[8]")
 
 
 @pytest.mark.parametrize("loop, expected", [

@@ -39,38 +39,45 @@ def test_the_training_folder_opens_with_who_owns_what():
         assert f"`{module}" in doc, module
 
 
-def test_config_launch_and_reporting_import_no_tensorflow():
-    loaded = _python(
-        "import sys, json, distlab, distlab.config, distlab.launch.job, "
-        "distlab.launch.results, distlab.launch.run_dir, distlab.reporting.summary, "
-        "distlab.registry, distlab.plugins, distlab.distribute.cluster, "
-        "distlab.tracking.session, distlab.tracking.mlflow_tracker; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('tensorflow', 'keras'))))")
-    assert json.loads(loaded) == []
+TF_FREE = ["distlab", "distlab.config", "distlab.launch.job", "distlab.launch.results",
+           "distlab.launch.run_dir", "distlab.reporting.summary", "distlab.registry",
+           "distlab.plugins", "distlab.distribute.cluster", "distlab.tracking.session",
+           "distlab.tracking.mlflow_tracker"]
 
 
-def test_importing_every_module_changes_no_process_setting():
-    """cli.py is the one module that may (it quiets TensorFlow's C++ start-up lines)."""
+def test_tf_free_layers_import_no_tensorflow_and_no_module_changes_a_process_setting():
+    """One fresh interpreter: config, launch and reporting import no TensorFlow (nor Keras);
+    then importing every module changes no process setting (cli.py is the one module that
+    may: it quiets TensorFlow's C++ start-up lines). The TensorFlow-free modules are checked
+    on the settings that need no TensorFlow before TensorFlow is imported; every module on
+    all of them after."""
     modules = sorted(
         ".".join(("distlab", *p.relative_to(SRC).with_suffix("").parts))
         .removesuffix(".__init__") for p in SRC.rglob("*.py")
         if "conf" not in p.parts and p.name != "cli.py" and p.name != "watchdog.py")
     code = f"""
 import json, logging, os, sys, warnings, importlib
-def settings():
-    import tensorflow as tf, keras
-    from tensorflow.python.framework import config as tf_config
+def plain():
     return dict(env=dict(os.environ), levels={{n: logging.getLogger(n).level for n in
                 ('', 'absl', 'tensorflow', 'distlab', 'hydra')}},
                 filters=len(warnings.filters), handlers=len(logging.getLogger().handlers),
-                determinism=tf_config.is_op_determinism_enabled(),
-                policy=keras.mixed_precision.dtype_policy().name,
                 tf_filters=len(logging.getLogger('tensorflow').filters))
+def settings():
+    import tensorflow as tf, keras
+    from tensorflow.python.framework import config as tf_config
+    return dict(plain(), determinism=tf_config.is_op_determinism_enabled(),
+                policy=keras.mixed_precision.dtype_policy().name)
+start = plain()
+for name in {TF_FREE!r}:
+    importlib.import_module(name)
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras'))
+changed = [k for k, v in plain().items() if start[k] != v]
 before = settings()
 for name in {modules!r}:
     importlib.import_module(name)
 after = settings()
-print(json.dumps([k for k in before if before[k] != after[k]]))
+print(json.dumps([loaded, changed + [k for k in before if before[k] != after[k]]]))
 """
-    assert json.loads(_python(code)) == []
+    loaded, changed = json.loads(_python(code))
+    assert loaded == []
+    assert changed == []

@@ -43,3 +43,25 @@ def test_saved_model_cli_on_raw_images_reproduces_test_accuracy(tiny_data_dir, t
     assert 0.0 < results["test_accuracy"] < 1.0  # not a trivially perfect model
     assert accuracy == pytest.approx(results["test_accuracy"], abs=1e-6)
     assert loss == pytest.approx(results["test_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_a_callback_saves_the_whole_model_in_both_loops(loop, tmp_path, run_inprocess):
+    """keras.callbacks.ModelCheckpoint to .keras (the model with its optimizer): the same in
+    both loops; the file loads and predicts as the run's exported final model (no compile
+    config: keras_fit's compiled metrics are distlab's sums, which Keras cannot serialize)."""
+    import keras
+    import tensorflow as tf
+
+    run_dir = tmp_path / "run"
+    run_inprocess(f"loop={loop}", "trainer.epochs=1", "trainer.steps_per_epoch=2", "model=mlp",
+                  "model.hidden_units=[8]", "trainer.validate_every=0", "trainer.export=true",
+                  "+callbacks.mc._target_=keras.callbacks.ModelCheckpoint",
+                  f"+callbacks.mc.filepath='{tmp_path}/model_{{epoch}}.keras'", out=run_dir)
+    saved = keras.models.load_model(tmp_path / "model_1.keras")
+    assert not saved.compiled
+    raw = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1), dtype=np.uint8)
+    serve = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    (served,) = serve(tf.constant(raw)).values()  # raw pixels in; dataset.preprocess inside
+    np.testing.assert_allclose(saved.predict(raw.astype(np.float32) / 255, verbose=0),
+                               served.numpy(), atol=1e-5)

@@ -106,6 +106,10 @@ class KerasFitLoop(Loop):
                 steps_per_execution=cfg.loop.steps_per_execution,
                 jit_compile=cfg.loop.jit_compile,
             )
+        # The compiled metrics are distlab's sums (not serializable, and not the user's): a
+        # model saved whole (a callback's ModelCheckpoint to .keras) carries no compile config,
+        # as in loop=custom, which does not compile (`Model.get_compile_config` then is {})
+        del exp.model._compile_config
 
     def running_sums(self) -> np.ndarray:
         """The sums of the steps this fit epoch ran: the compiled metrics' totals (the fit

@@ -127,3 +127,21 @@ def test_plugin_package_ships_its_configs(installed, tmp_path):
     assert fields["status"] == "completed" and fields["epochs_completed"] == 1, fields
     config = yaml.safe_load((results.parent / ".hydra/config.yaml").read_text())
     assert (config["dataset"]["name"], config["model"]["name"]) == ("moons", "moons_mlp")
+
+
+def test_distlab_s_hydra_plugins_are_found_however_it_is_installed(tmp_path):
+    """Outside the checkout (no run.py putting src/ on the path), as the `distlab` command and
+    distlab.train run: Hydra discovers distlab's search-path plugin and sweeper, also from
+    an editable install (whose import hook Hydra cannot list)."""
+    code = ("from distlab.config import register_configs; register_configs()\n"
+            "from hydra.core.plugins import Plugins\n"
+            "from hydra.plugins.search_path_plugin import SearchPathPlugin\n"
+            "from hydra.plugins.sweeper import Sweeper\n"
+            "found = Plugins.instance().discover\n"
+            "print(sorted(p.__name__ for p in [*found(SearchPathPlugin), *found(Sweeper)]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = out.stdout.strip()
+    assert "'DistlabPackageConfigs'" in found and "'DistlabOptunaSweeper'" in found, found

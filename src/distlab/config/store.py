@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from hydra.core.config_store import ConfigStore
 
 from distlab.config.schema import GROUP_SCHEMAS, Config
@@ -17,6 +20,21 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     for name, node in schema_names().items():
         cs.store(name=name, node=node)
+    _expose_hydra_plugins()
+
+
+def _expose_hydra_plugins() -> None:
+    """Let Hydra find distlab's own plugins (`hydra_plugins.distlab_*`: the plug-in packages'
+    search path, the Optuna sweeper). Hydra lists the folders of the `hydra_plugins`
+    namespace; an editable install (`pip install -e`, PEP 660) maps distlab's through an
+    import hook it cannot list, so their parent folder goes on sys.path, as a regular
+    install's site-packages already is."""
+    import hydra_plugins
+
+    parent = Path(__file__).resolve().parents[2]  # holds distlab/ and hydra_plugins/
+    ours = parent / "hydra_plugins"
+    if ours.is_dir() and str(ours) not in list(hydra_plugins.__path__):
+        sys.path.append(str(parent))
 
 
 def schema_names() -> dict[str, type]:

@@ -241,3 +241,28 @@ def test_config_files_exist_for_design_groups():
                           "loop": {"keras_fit", "custom"}}.items():
         assert needed <= set(_options(group)), group
     assert Path(ROOT / "conf" / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("project,preset", [("examples/tabular_project", "digits"),
+                                            ("examples/text_project", "reviews"),
+                                            ("examples/plugin_package/distlab_moons", "moons")])
+def test_a_user_dataset_yaml_takes_common_keys_without_plus(project, preset):
+    """A user dataset (its own schema, checked after its module is imported) lists
+    /schema_dataset_common: every common key overrides plainly; a typo is still refused."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from distlab.config.store import register_configs
+
+    register_configs()
+    conf = ROOT / project / "conf"
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = hydra_compose("config", overrides=[
+            f"hydra.searchpath=[file://{conf}]", f"dataset={preset}", "dataset.validation=null",
+            "dataset.validation_seed=3", "dataset.cache=false"])
+        assert (cfg.dataset.name, cfg.dataset.validation, cfg.dataset.validation_seed,
+                cfg.dataset.cache) == (preset, None, 3, False)
+        with pytest.raises(ConfigCompositionException, match="dataset.validatoin"):
+            hydra_compose("config", overrides=[f"hydra.searchpath=[file://{conf}]",
+                                               f"dataset={preset}", "dataset.validatoin=null"])

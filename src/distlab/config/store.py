@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-from distlab.config.schema import GROUP_SCHEMAS, Config
+from distlab.config.schema import GROUP_SCHEMAS, Config, DatasetConfig
 
 
 def register_configs() -> None:
@@ -20,6 +21,11 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     for name, node in schema_names().items():
         cs.store(name=name, node=node)
+    # a user dataset's YAML (its own keys checked later against its registered schema):
+    # DatasetConfig's keys and defaults in a node open to more keys, so every common key
+    # (dataset.validation, dataset.cache, ...) can be overridden without a `+`
+    cs.store(name="schema_dataset_common",
+             node=OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(DatasetConfig))))
     _expose_hydra_plugins()
 
 

@@ -247,3 +247,33 @@ def test_a_rerun_may_add_or_change_the_logger():
     assert training_diff(started, {**started, "logger": {"name": "mlflow",
                                                          "tracking_uri": "sqlite:///x.db"}}) == []
     assert training_diff(started, {"seed": 2, "logger": {"name": "mlflow"}}) == ["seed"]
+
+
+@pytest.mark.slow
+def test_a_tracker_added_to_a_completed_run_gets_it_once(run_inprocess, tmp_path, store):
+    """Rerunning a completed run with logger=mlflow does not retrain it: the tracker gets its
+    rows and results once (a third rerun logs nothing more)."""
+    args = ["trainer.steps_per_epoch=2", "model=mlp", "model.hidden_units=[8]"]
+    tracked = ["logger=mlflow", f"logger.tracking_uri={store}", "logger.experiment_name=added"]
+    out = tmp_path / "run"
+    results = run_inprocess(*args, out=out)
+    for _ in range(2):
+        assert run_inprocess(*args, *tracked, out=out) == results  # not retrained
+    [run] = _runs(store, "added")
+    client = MlflowClient(store)
+    assert run.info.status == "FINISHED"
+    assert _history(client, run.info.run_id, "epoch") == [(1, 1.0), (2, 2.0)]
+    history = client.get_metric_history(run.info.run_id, "results/test_loss")
+    assert [m.value for m in history] == [results["test_loss"]]
+
+
+def test_a_file_store_is_refused_unless_mlflow_allows_it(tmp_path, monkeypatch):
+    from distlab.errors import ConfigError
+
+    for uri in (f"file://{tmp_path}/mlruns", str(tmp_path / "mlruns")):
+        cfg = OmegaConf.create({"name": "mlflow", "tracking_uri": uri, "experiment_name": "x"})
+        monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+        with pytest.raises(ConfigError, match="MLFLOW_ALLOW_FILE_STORE=true"):
+            MlflowTracker(cfg)
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        assert MlflowTracker(cfg).uri == uri

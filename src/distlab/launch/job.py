@@ -186,6 +186,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             log.info("%s already completed %s epoch(s); not retraining. results: %s",
                      run_dir.path, (previous or {}).get("epochs_completed", "its"),
                      json.dumps(previous or {}))
+            if scratch is None and tracking.tracks(tracker):  # a tracker added since, say
+                tracking.Session(tracker, run_dir, config, sweep_dir).catch_up(previous or {})
             return Results(out, previous or {}, objective_value(previous or {}, cfg.objective))
         run_dir.mark_holder()
         if log_file and scratch is None:

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import numbers
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +45,12 @@ class MlflowTracker(Tracker):
         if importlib.util.find_spec("mlflow") is None:
             raise ConfigError(f"logger=mlflow needs MLflow, which is not installed: {INSTALL}")
         self.uri = store_uri(str(cfg.tracking_uri))
+        if "://" not in self.uri.replace("file:", "file://", 1) or self.uri.startswith("file:"):
+            if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+                raise ConfigError(
+                    f"logger.tracking_uri={cfg.tracking_uri} is a file store, which MLflow 3 "
+                    "refuses unless MLFLOW_ALLOW_FILE_STORE=true is set; use a SQLite file "
+                    "(logger.tracking_uri=sqlite:///path/mlflow.db) or set that variable")
         self.run_id = ""
         self.logged = 0  # the last epoch the run has
         self._client: Any = None

@@ -18,6 +18,7 @@ from distlab.registry import TRACKERS
 from distlab.tracking.tracker import RunInfo, Tracker
 
 log = logging.getLogger("distlab")
+FINISHED = "finished"  # a tracker's state key: it recorded the completed run's end
 
 
 def build(cfg: DictConfig) -> Tracker:
@@ -55,10 +56,9 @@ class Session:
         for row in self.run_dir.read_history():  # an earlier attempt's rows it may not have
             self.log_epoch({k: None if v == "" else int(v) if k == "epoch" else float(v)
                             for k, v in row.items()})
+        run.state.pop(FINISHED, None)  # training again: its end is not recorded yet
         states[self.name] = run.state
-        state_file = self.run_dir.tracking_json
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        state_file.write_text(json.dumps(states, indent=2) + "\n")
+        self._save(states)
         with tempfile.TemporaryDirectory(prefix="distlab-config-") as scratch:
             config_yaml = Path(scratch) / "config.yaml"  # the composed config, resolved
             OmegaConf.save(OmegaConf.create(self.config), config_yaml)
@@ -70,7 +70,23 @@ class Session:
     def finish(self, results: dict[str, Any]) -> None:
         files = [p for p in (self.run_dir.history_csv, self.run_dir.results_json) if p.exists()]
         self._call("log_artifacts", self.tracker.log_artifacts, files)
-        self._call("finish", self.tracker.finish, results)
+        if self._call("finish", self.tracker.finish, results) and (
+                results.get("status") == "completed"):
+            states = self._states()
+            states.setdefault(self.name, {})[FINISHED] = True
+            self._save(states)
+
+    def catch_up(self, results: dict[str, Any]) -> None:
+        """A completed run rerun (not retrained): a tracker that has not recorded its end
+        (added on this rerun, or it failed before the end) gets its rows and results now."""
+        if not self._states().get(self.name, {}).get(FINISHED):
+            self.start()
+            self.finish(results)
+
+    def _save(self, states: dict[str, Any]) -> None:
+        state_file = self.run_dir.tracking_json
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(json.dumps(states, indent=2) + "\n")
 
     def _states(self) -> dict[str, Any]:
         try:

@@ -60,6 +60,14 @@ def test_train_reports_errors_instead_of_raising(tmp_path):
         assert GlobalHydra.instance().is_initialized()  # put back as it was
     assert inside.exit_code == 2 and "trainer.epochs=0" in inside.error
 
+    # ${hydra:...} has no value outside the command: one line naming the key
+    unresolved = distlab.train(["+callbacks.csv._target_=keras.callbacks.CSVLogger",
+                                "+callbacks.csv.filename=${hydra:runtime.output_dir}/e.csv"],
+                               config_dir=ROOT / "conf", output_dir=tmp_path / "unresolved")
+    assert unresolved.exit_code == 2 and "\n" not in unresolved.error
+    assert unresolved.error.startswith("callbacks.csv.filename cannot be resolved")
+    assert "distlab.train has no Hydra runtime" in unresolved.error
+
     from conftest import compose
     from omegaconf import OmegaConf
 

@@ -29,7 +29,7 @@ from distlab import plugins
 from distlab.config import effective, register_configs, training_diff, validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import Interrupted
-from distlab.errors import DistlabError, composition_error, described
+from distlab.errors import ConfigError, DistlabError, composition_error, described
 from distlab.errors import message as error_message
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
@@ -153,6 +153,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     logging_to = ExitStack()
     session, outcome = None, None  # the chief's tracker run, and what it is told at the end
     try:
+        _check_interpolations(cfg)
         validate(cfg)
         plugins.check(cfg)  # user code imported, every group's name resolved
         tracker = tracking.build(cfg)  # one that cannot run (MLflow missing) is refused here
@@ -237,6 +238,20 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         run_dir.unlock()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_interpolations(cfg: DictConfig) -> None:
+    """Every `${...}` resolves, or one line naming the key (`${hydra:...}` has no value when
+    distlab.train is called from Python: Hydra's runtime is the command's)."""
+    from omegaconf.errors import InterpolationResolutionError
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as e:
+        hint = (" (from Python, distlab.train has no Hydra runtime: give a plain value)"
+                if "HydraConfig was not set" in str(e) else "")
+        raise ConfigError(f"{e.full_key} cannot be resolved: {str(e).splitlines()[0]}"
+                          f"{hint}") from None
 
 
 def process_started() -> float:

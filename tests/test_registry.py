@@ -311,6 +311,12 @@ def test_config_dir_that_is_no_directory_is_one_line(tmp_path):
     assert out.returncode == 2 and out.stdout == "", out.stdout + out.stderr
     assert out.stderr.strip() == (
         f"error: --config-dir conf: no directory {tmp_path / 'conf'} (a relative --config-dir "
-        f"is taken from the current directory, {tmp_path}). Run from the directory that holds "
-        "it or give its absolute path; configs shipped in an installed package (a "
+        f"is taken from the current directory, {tmp_path}: run from the directory that holds "
+        "it or give its absolute path); configs shipped in an installed package (a "
         "distlab.configs entry point) need none"), out.stderr
+    absolute = subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir",
+                               str(tmp_path / "nope")], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60)
+    assert absolute.returncode == 2 and absolute.stderr.strip().startswith(
+        f"error: --config-dir {tmp_path / 'nope'}: no directory {tmp_path / 'nope'} (check "
+        "the path);"), absolute.stderr

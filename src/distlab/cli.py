@@ -56,11 +56,11 @@ def check_config_dir_args(argv: list[str]) -> str | None:
             continue
         path = os.path.abspath(value)
         if not os.path.isdir(path):
-            relative = "" if os.path.isabs(value) else (
-                f" (a relative --config-dir is taken from the current directory, "
-                f"{os.getcwd()})")
-            return (f"--config-dir {value}: no directory {path}{relative}. Run from the "
-                    "directory that holds it or give its absolute path; configs shipped "
+            fix = ("check the path" if os.path.isabs(value) else
+                   f"a relative --config-dir is taken from the current directory, "
+                   f"{os.getcwd()}: run from the directory that holds it or give its "
+                   "absolute path")
+            return (f"--config-dir {value}: no directory {path} ({fix}); configs shipped "
                     "in an installed package (a distlab.configs entry point) need none")
     return None
 

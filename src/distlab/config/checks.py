@@ -96,12 +96,16 @@ def validate(cfg: DictConfig) -> None:
                           "trainer.early_stopping.metric) set, e.g. "
                           "trainer.best_checkpoint.metric=val_loss")
     objective = cfg.get("objective")
+    # (with dataset.validation=null the examples watch a training figure, as they must)
+    watched = "val_" if OmegaConf.select(cfg, "dataset.validation", default="auto") else ""
     needs = {"best_value": ("checkpoints/best", best.metric or cfg.trainer.early_stopping.metric,
-                            "trainer.best_checkpoint.metric=val_loss"),
+                            f"trainer.best_checkpoint.metric={watched}loss"),
              "epochs_to_target": ("trainer.target", target.metric,
-                                  "trainer.target.metric=val_accuracy trainer.target.value=0.9"),
+                                  f"trainer.target.metric={watched}accuracy "
+                                  "trainer.target.value=0.9"),
              "time_to_target_s": ("trainer.target", target.metric,
-                                  "trainer.target.metric=val_accuracy trainer.target.value=0.9")}
+                                  f"trainer.target.metric={watched}accuracy "
+                                  "trainer.target.value=0.9")}
     if objective in needs and needs[objective][1] is None:
         what, _, example = needs[objective]
         raise ConfigError(f"objective={objective} needs {what}, and none is configured: set "

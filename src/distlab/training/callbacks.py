@@ -32,8 +32,6 @@ from distlab.registry import CALLBACKS
 
 CHIEF_ONLY = "_chief_only_"  # an entry's key: run it on the chief only (true) or everywhere
 BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
-HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
-         "on_train_batch_begin", "on_train_batch_end")
 _SCHEDULE = ("sets the optimizer's learning rate, and distlab's is the `schedule` group's "
              "LearningRateSchedule, which no callback can set: choose a schedule instead "
              "(schedule=cosine, step_decay, exponential or constant)")
@@ -106,10 +104,23 @@ class Callbacks:
                       for key, c in named.items()}
         self.callbacks = list(named.values())
 
-    def __getattr__(self, hook: str) -> Any:
-        if hook not in HOOKS:
-            raise AttributeError(hook)
-        return lambda *args: self._call(hook, *args)
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._call("on_train_begin", logs)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._call("on_train_end", logs)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._call("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._call("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._call("on_train_batch_begin", batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._call("on_train_batch_end", batch, logs)
 
     def _call(self, hook: str, *args: Any) -> None:
         for key, group in self.named.items():

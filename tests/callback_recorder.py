@@ -61,3 +61,12 @@ class Raises(keras.callbacks.Callback):
 @distlab.register("callback", "recorder")  # callbacks.<key>.name=recorder
 def recorder(cfg) -> Recorder:
     return Recorder(**cfg)
+
+
+class Backup(keras.callbacks.BackupAndRestore):
+    """A subclass of a callback distlab refuses."""
+
+
+@distlab.register("callback", "odd")  # a builder that returns no callback
+def odd(cfg) -> None:
+    return None

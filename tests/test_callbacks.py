@@ -37,8 +37,11 @@ def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inproc
     for loop, block in (("custom", "loop.steps_per_loop=2"),
                         ("keras_fit", "loop.steps_per_execution=2")):
         path = tmp_path / f"{loop}.jsonl"
+        # and an EarlyStopping with mode auto on val_accuracy (distlab ranks it: Keras can't)
         run_inprocess(f"loop={loop}", block, *SMALL, "strategy.cpu_devices=2", RECORDER,
-                      f"+callbacks.rec.path={path}", out=tmp_path / loop)
+                      f"+callbacks.rec.path={path}", "+callbacks.es._target_=keras.callbacks."
+                      "EarlyStopping", "+callbacks.es.monitor=val_accuracy",
+                      "+callbacks.es.patience=5", out=tmp_path / loop)
         calls[loop] = _calls(path)
     hooks = {loop: [(hook, index, sorted(logs or {})) for hook, index, logs, _ in c]
              for loop, c in calls.items()}
@@ -93,15 +96,62 @@ def test_a_callback_that_stops_training(loop, stop_step, run_inprocess, tmp_path
     ("_target_=callback_recorder.Raises", "callbacks.bad._target_=callback_recorder.Raises "
      "could not be built: ValueError: no notification service configured"),
     ("name=nope", "unknown callbacks.bad.name='nope'"),
+    ("name=odd", "callbacks.bad.name=odd built a NoneType, not a keras.callbacks.Callback"),
+    # Keras callbacks that fight distlab's own resume, learning rate or progress bar
+    ("_target_=keras.callbacks.BackupAndRestore", "callbacks.bad._target_=keras.callbacks."
+     "BackupAndRestore: keras.callbacks.BackupAndRestore cannot resume a distlab run: "
+     "distlab's own checkpoints resume it (rerun the same command); remove callbacks.bad"),
+    ("_target_=callback_recorder.Backup", "Backup (a keras.callbacks.BackupAndRestore) cannot"),
+    ("_target_=keras.callbacks.ReduceLROnPlateau", "keras.callbacks.ReduceLROnPlateau sets the "
+     "optimizer's learning rate, and distlab's is the `schedule` group's"),
+    ("_target_=keras.callbacks.LearningRateScheduler", "LearningRateScheduler sets the"),
+    ("_target_=keras.callbacks.ProgbarLogger", "ProgbarLogger is not needed: distlab draws the "
+     "progress bar itself (loop.verbose=1"),
+    ("_target_=keras.callbacks.EarlyStopping restore_best_weights=true",
+     "callbacks.bad._target_=keras.callbacks.EarlyStopping with restore_best_weights=true would "
+     "report the restored weights' figures while the checkpoint holds the last epoch's"),
+    # a monitor: a figure of this run, never a test one (as trainer.early_stopping.metric)
+    ("_target_=keras.callbacks.EarlyStopping monitor=test_accuracy", "callbacks.bad.monitor="
+     "test_accuracy would choose on the test split, which only reports: watch val_accuracy"),
+    ("_target_=keras.callbacks.ModelCheckpoint filepath=m.keras monitor=val_acc",
+     "callbacks.bad.monitor='val_acc' is not a per-epoch figure of this run; use one of loss, "
+     "accuracy, val_loss, val_accuracy"),
+    # an exception in a callback's hook (here before the first step)
+    ("_target_=keras.callbacks.CSVLogger filename=/nonexistent_dir/a.csv",
+     "callbacks.bad (CSVLogger.on_train_begin) raised FileNotFoundError: [Errno 2] No such "
+     "file or directory: '/nonexistent_dir/a.csv'"),
 ])
 def test_a_bad_callback_is_one_line_before_training(entry, says, tiny_data_dir, tmp_path):
     import distlab
 
-    results = distlab.run(compose([*fast_overrides(tiny_data_dir), f"+callbacks.bad.{entry}"]),
-                          output_dir=tmp_path)
+    entries = [f"+callbacks.bad.{e}" for e in entry.split()]
+    results = distlab.run(compose([*fast_overrides(tiny_data_dir), "imports=[callback_recorder]",
+                                   *entries]), output_dir=tmp_path)
     assert results.exit_code == 2
     assert says in results.error and "\n" not in results.error
     assert not (tmp_path / "history.csv").exists()
+
+
+def test_a_monitor_with_mode_auto_ranks_as_distlab_does(tmp_path):
+    import keras
+
+    from distlab.training.callbacks import check_monitors
+
+    named = {"callbacks.a": keras.callbacks.EarlyStopping(monitor="val_accuracy"),
+             "callbacks.b": keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras")),
+             "callbacks.c": keras.callbacks.EarlyStopping(monitor="mae"),
+             "callbacks.d": keras.callbacks.EarlyStopping(monitor="val_accuracy", mode="min")}
+    check_monitors(named, {"accuracy": True, "mae": False})
+    assert [c.mode for c in named.values()] == ["max", "min", "min", "min"]
+
+
+def test_batch_hooks_set_on_the_instance_count():
+    import keras
+
+    from distlab.training.callbacks import has_batch_hooks
+
+    assert has_batch_hooks([keras.callbacks.LambdaCallback(on_train_batch_end=print)])
+    assert not has_batch_hooks([keras.callbacks.LambdaCallback(on_epoch_end=print)])
 
 
 def _on_a_terminal(args: list[str]) -> str:

@@ -296,6 +296,12 @@ def check_objective(objective: str | None, task: str, metric_names: list[str],
 WATCHED = ("target", "early_stopping", "best_checkpoint")
 
 
+def refuse_test_split(where: str, metric: str) -> ConfigError:
+    """The one line refusing to watch `metric`, a test_ figure, at `where`."""
+    return ConfigError(f"{where}={metric} would choose on the test split, which only reports: "
+                       f"watch val_{metric[5:]} (a validation split: dataset.validation)")
+
+
 def check_watched(trainer: DictConfig, metric_names: list[str],
                   validation: bool = True) -> None:
     """Refuse, in one line, a monitor metric that no epoch of this run would measure, or
@@ -309,9 +315,7 @@ def check_watched(trainer: DictConfig, metric_names: list[str],
             continue
         where = f"trainer.{key}.metric"
         if metric.startswith("test_"):
-            raise ConfigError(f"{where}={metric} would choose on the test split, which only "
-                              f"reports: watch val_{metric[5:]} (a validation split: "
-                              "dataset.validation)")
+            raise refuse_test_split(where, metric)
         if metric not in figures:
             raise ConfigError(f"{where}={metric!r} is not a per-epoch metric of this task; use "
                               f"one of {', '.join(figures)}")

@@ -7,6 +7,13 @@ Each entry of the `callbacks` dict (its key is a name of the user's choice) is e
 with the entry's node, as every registry's builders are), or just that name as a string.
 A callback runs on every worker unless it is chief-only: its class says so with
 `distlab_chief_only = True`, or its entry with `_chief_only_: true` (which wins).
+
+Refused before training, in one line: Keras callbacks that would fight distlab's own
+machinery (`REFUSED`: resume, the learning rate, the progress bar), `EarlyStopping`'s
+`restore_best_weights`, and a `monitor` that is not one of the run's figures or is a test
+one; a `monitor` with mode auto gets distlab's direction for it (`launch.results`). An
+exception a callback's hook raises is one line naming `callbacks.<name>` and the hook
+(`Callbacks`).
 """
 
 from __future__ import annotations
@@ -19,21 +26,55 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import check_callback_entry
 from distlab.errors import ConfigError, DistlabError, described
+from distlab.launch.results import metric_direction, refuse_test_split
+from distlab.launch.run_dir import figure_columns
 from distlab.registry import CALLBACKS
 
 CHIEF_ONLY = "_chief_only_"  # an entry's key: run it on the chief only (true) or everywhere
 BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+_SCHEDULE = ("sets the optimizer's learning rate, and distlab's is the `schedule` group's "
+             "LearningRateSchedule, which no callback can set: choose a schedule instead "
+             "(schedule=cosine, step_decay, exponential or constant)")
+# Keras callbacks that fight distlab's own machinery: why, and what to use instead
+REFUSED = {
+    keras.callbacks.BackupAndRestore: "cannot resume a distlab run: distlab's own "
+    "checkpoints resume it (rerun the same command)",
+    keras.callbacks.ReduceLROnPlateau: _SCHEDULE,
+    keras.callbacks.LearningRateScheduler: _SCHEDULE,
+    keras.callbacks.ProgbarLogger: "is not needed: distlab draws the progress bar itself "
+    "(loop.verbose=1, or auto on a terminal)",
+}
 
 
-def build(cfg: DictConfig, is_chief: bool = True) -> list[keras.callbacks.Callback]:
+def build(cfg: DictConfig, is_chief: bool = True) -> dict[str, keras.callbacks.Callback]:
     """The configured callbacks this process runs (a chief-only one only on the chief), in
-    the config's order; a bad entry is one ConfigError naming `callbacks.<name>`."""
-    built = []
+    the config's order, keyed `callbacks.<name>`; a bad entry is one ConfigError naming it."""
+    built = {}
     for name, node in (cfg.get("callbacks") or {}).items():
         callback = _build(f"callbacks.{name}", node, is_chief)
         if callback is not None:
-            built.append(callback)
+            built[f"callbacks.{name}"] = callback
     return built
+
+
+def check_monitors(named: dict[str, keras.callbacks.Callback], higher: dict[str, bool],
+                   test: bool = False, validation: bool = True) -> None:
+    """Refuse, in one line, a callback's `monitor` on the test split or not among the run's
+    figures; give one with mode auto distlab's direction for it, as trainer.early_stopping
+    ranks it (`higher`: the task's metrics' higher_is_better; losses go down)."""
+    figures = figure_columns(list(higher), test=test, validation=validation)
+    for key, callback in named.items():
+        monitor = getattr(callback, "monitor", None)
+        if not isinstance(monitor, str):
+            continue
+        where = f"{key}.monitor"
+        if monitor.startswith("test_"):
+            raise refuse_test_split(where, monitor)
+        if monitor not in figures:
+            raise ConfigError(f"{where}={monitor!r} is not a per-epoch figure of this run; use "
+                              f"one of {', '.join(figures)}")
+        if getattr(callback, "mode", None) == "auto":
+            callback.mode = metric_direction(monitor, "auto", higher)
 
 
 def chief_only(callback: Any, node: Any = None) -> bool:
@@ -45,10 +86,51 @@ def chief_only(callback: Any, node: Any = None) -> bool:
 
 
 def has_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
-    """Whether any of `callbacks` overrides a training batch hook (then its logs are read)."""
+    """Whether any of `callbacks` overrides a training batch hook, in its class or on the
+    instance (a `LambdaCallback`'s): then its logs are read."""
     base = keras.callbacks.Callback
-    return any(getattr(type(c), hook) is not getattr(base, hook)
+    return any(hook in vars(c) or getattr(type(c), hook) is not getattr(base, hook)
                for c in callbacks for hook in BATCH_HOOKS)
+
+
+class Callbacks:
+    """The user's callbacks, driven as `keras.callbacks.CallbackList`'s hooks (one list per
+    callback, so that an exception a callback raises is one DistlabError naming its key and
+    hook; distlab's own errors pass unchanged)."""
+
+    def __init__(self, named: dict[str, keras.callbacks.Callback], **params: Any) -> None:
+        """`params`: CallbackList's (model, verbose, epochs, steps)."""
+        self.named = {key: keras.callbacks.CallbackList([c], **params)
+                      for key, c in named.items()}
+        self.callbacks = list(named.values())
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self._call("on_train_begin", logs)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._call("on_train_end", logs)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._call("on_epoch_begin", epoch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._call("on_epoch_end", epoch, logs)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._call("on_train_batch_begin", batch, logs)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._call("on_train_batch_end", batch, logs)
+
+    def _call(self, hook: str, *args: Any) -> None:
+        for key, group in self.named.items():
+            try:
+                getattr(group, hook)(*args)
+            except DistlabError:
+                raise
+            except Exception as e:  # noqa: BLE001 - user code, reported on one line
+                name = type(group.callbacks[0]).__name__
+                raise DistlabError(f"{key} ({name}.{hook}) raised {described(e)}") from e
 
 
 def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | None:
@@ -58,10 +140,10 @@ def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | No
     args = OmegaConf.masked_copy(node, [k for k in node if k != CHIEF_ONLY])
     if "_target_" in node:
         target = str(node._target_)
-        located = _locate(target, f"{key}._target_")
+        located, what = _locate(target, f"{key}._target_"), f"{key}._target_={target}"
+        _refuse(key, what, located)  # before its constructor runs
         if not is_chief and chief_only(located, node):
             return None  # not built here: its constructor may have side effects too
-        what = f"{key}._target_={target}"
         make = lambda: _instantiate(args)  # noqa: E731
     else:
         try:
@@ -80,7 +162,22 @@ def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | No
     if not isinstance(callback, keras.callbacks.Callback):
         raise ConfigError(f"{what} built a {type(callback).__name__}, not a "
                           "keras.callbacks.Callback")
+    _refuse(key, what, type(callback))
+    if getattr(callback, "restore_best_weights", False):
+        raise ConfigError(
+            f"{what} with restore_best_weights=true would report the restored weights' "
+            "figures while the checkpoint holds the last epoch's: drop it, and use "
+            "trainer.best_checkpoint.metric (checkpoints/best) or trainer.early_stopping")
     return None if not is_chief and chief_only(callback, node) else callback
+
+
+def _refuse(key: str, what: str, located: Any) -> None:
+    """Refuse a Keras callback class (or subclass) of `REFUSED`, in one line naming `key`."""
+    for refused, why in REFUSED.items():
+        if isinstance(located, type) and issubclass(located, refused):
+            shown = (f"keras.callbacks.{refused.__name__}" if located is refused
+                     else f"{located.__name__} (a keras.callbacks.{refused.__name__})")
+            raise ConfigError(f"{what}: {shown} {why}; remove {key}")
 
 
 def _instantiate(node: DictConfig) -> Any:

@@ -10,7 +10,7 @@ its own epochs (`keras_fit`, through `model.fit`) calls the same `epoch_begin`,
 `step_begin`, `step_end` and `epoch_end` from a Keras callback, so every loop writes the
 same run dir.
 
-The same hooks drive the user's Keras callbacks (`callbacks:`, one `CallbackList`) and the
+The same hooks drive the user's Keras callbacks (`callbacks:`, Keras' `CallbackList`) and the
 progress bar, once, for every loop: train begin and end, epoch begin and end (the logs: the
 history row's columns), and train batch begin and end around each block of
 `loop.steps_per_call` steps (the logs: the epoch's running loss and metrics). A callback
@@ -36,7 +36,7 @@ from distlab.training.actions.history import History
 from distlab.training.actions.nan_guard import check_finite
 from distlab.training.actions.profiler import Profiler
 from distlab.training.actions.throughput import Interval, steady_state
-from distlab.training.callbacks import has_batch_hooks
+from distlab.training.callbacks import Callbacks, check_monitors, has_batch_hooks
 from distlab.training.checkpoints import Checkpoints
 from distlab.training.experiment import Experiment
 
@@ -50,8 +50,9 @@ class Controller:
     """Drives `loop` over the run's epochs and does everything between its steps."""
 
     def __init__(self, exp: Experiment, loop: Loop, checkpoints: Checkpoints,
-                 callbacks: list[keras.callbacks.Callback] | None = None) -> None:
-        """`callbacks`: the user's Keras callbacks this process runs (`training.callbacks`)."""
+                 callbacks: dict[str, keras.callbacks.Callback] | None = None) -> None:
+        """`callbacks`: the user's Keras callbacks this process runs, by key
+        (`training.callbacks.build`)."""
         self.exp, self.loop, self.checkpoints = exp, loop, checkpoints
         self.stop = StopRequest()  # set by a signal (distlab.distribute.preemption)
         self.preemption: Any = None  # PreemptionCheckpointHandler across workers, else None
@@ -70,9 +71,11 @@ class Controller:
         self._start, self._first = 0.0, 0  # the epoch's start: time, steps done before it
         self._base = np.zeros(loop.num_sums)  # a resumed epoch's sums before the resume
         self._steps_sums = np.zeros(loop.num_stats)  # the batch stats of this epoch's steps
-        self.callbacks = keras.callbacks.CallbackList(
-            callbacks or [], model=exp.model, verbose=0, epochs=exp.cfg.trainer.epochs,
-            steps=exp.data.steps_per_epoch)
+        check_monitors(callbacks or {}, {m.name: m.higher_is_better for m in exp.task.metrics},
+                       test=bool(exp.cfg.trainer.test_every),
+                       validation=exp.data.validation is not None)
+        self.callbacks = Callbacks(callbacks or {}, model=exp.model, verbose=0,
+                                   epochs=exp.cfg.trainer.epochs, steps=exp.data.steps_per_epoch)
         self._batch_logs = has_batch_hooks(self.callbacks.callbacks)  # else no batch hooks
         self._bar: keras.utils.Progbar | None = None  # this epoch's progress bar
         self._stop_asked = False  # a callback set model.stop_training (multi-worker: pending)

@@ -108,7 +108,7 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     if cfg.mode == "evaluate" and worker.is_chief:
         check_evaluation_splits(cfg)
     # before anything is built: a bad entry is one line naming callbacks.<name>
-    user_callbacks = callbacks.build(cfg, worker.is_chief) if cfg.mode == "train" else []
+    user_callbacks = callbacks.build(cfg, worker.is_chief) if cfg.mode == "train" else {}
     exp = experiment.build(cfg, run_dir, strategy, worker, started, origin)
     checkpoints = None
     try:
@@ -179,7 +179,7 @@ def _policy(model: keras.Model, configured: str) -> str:
 
 
 def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
-           user_callbacks: list[keras.callbacks.Callback]) -> dict[str, Any]:
+           user_callbacks: dict[str, keras.callbacks.Callback]) -> dict[str, Any]:
     initial_epoch, skip_steps = checkpoints.resume()
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     controller = Controller(exp, loop, checkpoints, user_callbacks)

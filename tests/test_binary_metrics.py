@@ -605,6 +605,7 @@ def test_a_bare_keras_metric_under_binary_sees_probabilities_and_labels_like_the
 
     from distlab.components import tasks
 
+    keras.backend.clear_session()  # as a job starts: Keras names the metric auc, not auc_<n>
     task = tasks.build(compose(["task=binary",
                                 "task.metrics=[accuracy,test_binary_metrics:bare_auc]"]).task)
     task.from_logits = True  # settled from the model (a logit output)

@@ -230,6 +230,7 @@ def test_input_mistakes_are_one_line_naming_the_key(overrides, message, run_inpr
     assert message in error and "\n" not in error
 
 
+@pytest.mark.slow  # a run.py process that starts TensorFlow (the refusal comes after)
 def test_a_string_input_with_rescale_exits_2_without_a_traceback(tiny_data_dir, tmp_path):
     out = run_cli("imports=[user_inputs]", "dataset.name=text_data",
                   f"dataset.data_dir={tiny_data_dir}", f"hydra.run.dir={tmp_path}",

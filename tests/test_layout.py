@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 SRC = ROOT / "src" / "distlab"
@@ -45,6 +46,7 @@ TF_FREE = ["distlab", "distlab.config", "distlab.launch.job", "distlab.launch.re
            "distlab.tracking.mlflow_tracker"]
 
 
+@pytest.mark.slow  # a process that imports TensorFlow and every module
 def test_tf_free_layers_import_no_tensorflow_and_no_module_changes_a_process_setting():
     """One fresh interpreter: config, launch and reporting import no TensorFlow (nor Keras);
     then importing every module changes no process setting (cli.py is the one module that

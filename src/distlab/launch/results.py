@@ -302,6 +302,15 @@ def refuse_test_split(where: str, metric: str) -> ConfigError:
                        f"watch val_{metric[5:]} (a validation split: dataset.validation)")
 
 
+def check_figure(where: str, name: str, figures: list[str], what: str) -> None:
+    """Refuse, in one line naming `where`, a watched `name` on the test split (which never
+    chooses) or not among `figures` (a `what`)."""
+    if name.startswith("test_"):
+        raise refuse_test_split(where, name)
+    if name not in figures:
+        raise ConfigError(f"{where}={name!r} is not a {what}; use one of {', '.join(figures)}")
+
+
 def check_watched(trainer: DictConfig, metric_names: list[str],
                   validation: bool = True) -> None:
     """Refuse, in one line, a monitor metric that no epoch of this run would measure, or
@@ -314,11 +323,7 @@ def check_watched(trainer: DictConfig, metric_names: list[str],
         if metric is None:
             continue
         where = f"trainer.{key}.metric"
-        if metric.startswith("test_"):
-            raise refuse_test_split(where, metric)
-        if metric not in figures:
-            raise ConfigError(f"{where}={metric!r} is not a per-epoch metric of this task; use "
-                              f"one of {', '.join(figures)}")
+        check_figure(where, metric, figures, "per-epoch metric of this task")
         if not metric.startswith("val_"):
             continue
         if not validation:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import check_callback_entry
 from distlab.errors import ConfigError, DistlabError, described
-from distlab.launch.results import metric_direction, refuse_test_split
+from distlab.launch.results import check_figure, metric_direction
 from distlab.launch.run_dir import figure_columns
 from distlab.registry import CALLBACKS
 
@@ -67,12 +67,7 @@ def check_monitors(named: dict[str, keras.callbacks.Callback], higher: dict[str,
         monitor = getattr(callback, "monitor", None)
         if not isinstance(monitor, str):
             continue
-        where = f"{key}.monitor"
-        if monitor.startswith("test_"):
-            raise refuse_test_split(where, monitor)
-        if monitor not in figures:
-            raise ConfigError(f"{where}={monitor!r} is not a per-epoch figure of this run; use "
-                              f"one of {', '.join(figures)}")
+        check_figure(f"{key}.monitor", monitor, figures, "per-epoch figure of this run")
         if getattr(callback, "mode", None) == "auto":
             callback.mode = metric_direction(monitor, "auto", higher)
 

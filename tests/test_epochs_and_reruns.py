@@ -53,12 +53,12 @@ def _checkpoints(run_dir: Path) -> list[str]:
 
 def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_path,
                                                             run_inprocess):
-    training = ["strategy=default", "loop.steps_per_execution=7", "trainer.steps_per_epoch=100",
+    training = ["strategy=default", "loop.steps_per_execution=7", "trainer.steps_per_epoch=30",
                 "trainer.epochs=3", "trainer.validate_every=0", "deterministic=true", "seed=3"]
     args = [*fast_overrides(tiny_data_dir), *training]
     a, b = tmp_path / "a", tmp_path / "b"
     run_inprocess(*training, out=a)  # the uninterrupted run; the killed one is a process
-    assert _checkpoints(a) == ["ckpt-100", "ckpt-200", "ckpt-300"]  # not 101/202/300
+    assert _checkpoints(a) == ["ckpt-30", "ckpt-60", "ckpt-90"]  # not 35/70/90
     assert _epochs(a) == [1, 2, 3]
 
     _kill_after_rows([*args, f"hydra.run.dir={b}"], b, rows=1)

@@ -24,8 +24,10 @@ def _entries(root: Path) -> list[str]:
 def test_runs_share_entries_keyed_by_everything_the_data_depends_on(run_inprocess, tmp_path):
     root = Path(os.environ["DISTLAB_CACHE_DIR"])
     shared = set(root.glob("*")) if root.is_dir() else set()  # other tests' entries
+    # one device and a small MLP: the data is the point, not the model or the strategy
     common = ("trainer.epochs=1", "trainer.steps_per_epoch=1", "dataset.cache_dir=" + str(
-        tmp_path / "cache"), "trainer.validate_every=0")
+        tmp_path / "cache"), "trainer.validate_every=0", "strategy=default", "model=mlp",
+              "model.hidden_units=[8]")
     first = run_inprocess(*common)
     entries = _entries(tmp_path / "cache")
     assert len(entries) == 2 and all(e.startswith("mnist-") for e in entries)  # train, test

@@ -8,10 +8,12 @@ import time
 
 import pytest
 from conftest import compose, fast_overrides, run_cli
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from distlab.config import validate
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, composition_error
 
 
 def _one_line_refusal(tmp_path, *overrides: str) -> str:
@@ -31,7 +33,6 @@ def _one_line_refusal(tmp_path, *overrides: str) -> str:
     # item 16: wrong types are Hydra's errors, now one line naming the key
     (["trainer.grad_accum_steps=abc"], "trainer.grad_accum_steps=abc"),
     (["trainer.epochs=abc"], "trainer.epochs=abc"),
-    (["-m", "trainer.epochs=1,abc"], "trainer.epochs=abc"),
     (["trainer.nope=1"], "trainer.nope"),
     (["dataset=nope"], "Available options in 'dataset': cifar10, fashion_mnist, mnist"),
     # item 10: integers beyond int32
@@ -53,6 +54,26 @@ def _one_line_refusal(tmp_path, *overrides: str) -> str:
      "trainer.validate_every=5 exceeds trainer.epochs=3"),
     (["trainer.validate_every=5", "trainer.epochs=3", "trainer.target.metric=val_accuracy",
       "trainer.target.value=0.9"], "would never be measured"),
+])
+def test_bad_values_are_one_line_naming_the_key(overrides, needle):
+    """Checked in this process (Hydra's composition, then distlab's validation, as the
+    command does); the command's one line, exit 2, before TensorFlow: the test below."""
+    try:
+        validate(compose(overrides))
+    except ConfigError as e:
+        line = str(e)
+    except (HydraException, OmegaConfBaseException) as e:
+        line = composition_error(e)
+    else:
+        raise AssertionError(f"{overrides} accepted")
+    assert needle in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["trainer.epochs=abc"], "trainer.epochs=abc"),  # a composition (Hydra) error
+    (["-m", "trainer.epochs=1,abc"], "trainer.epochs=abc"),  # in a sweep's overrides
+    (["trainer.validate_every=5", "trainer.epochs=3", "trainer.best_checkpoint.metric=val_loss"],
+     "trainer.validate_every=5 exceeds trainer.epochs=3"),  # distlab's validation
 ])
 def test_bad_values_are_one_line_before_tensorflow(tmp_path, overrides, needle):
     assert needle in _one_line_refusal(tmp_path, *overrides)
@@ -167,6 +188,7 @@ def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
 def test_sweep_time_to_target_leaves_out_the_import(tiny_data_dir, tmp_path):
     """Item 3: identical jobs report comparable times to target, within their wall time."""
     out = run_cli("-m", *fast_overrides(tiny_data_dir), "loop.verbose=0,2", "deterministic=true",
+                  "model=mlp", "model.hidden_units=[8]",
                   "trainer.target.metric=val_accuracy", "trainer.target.value=0.0",
                   "trainer.epochs=1", "trainer.steps_per_epoch=4", "strategy=default",
                   f"hydra.sweep.dir={tmp_path}", timeout=300)
@@ -180,8 +202,9 @@ def test_sweep_time_to_target_leaves_out_the_import(tiny_data_dir, tmp_path):
 @pytest.mark.slow
 def test_optuna_search_whose_trials_never_reach_the_target(tiny_data_dir, tmp_path):
     """Items 4 and 11: minimised time objective; no value is one line per trial and a reason."""
-    out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
-                  "hydra.sweeper.n_trials=2", "trainer.epochs=1", "trainer.steps_per_epoch=3",
+    out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna", "model=mlp",
+                  "model.hidden_units=[8]", "hydra.sweeper.n_trials=2", "trainer.epochs=1",
+                  "trainer.steps_per_epoch=3",
                   "objective=time_to_target_s", "trainer.target.metric=val_accuracy",
                   "trainer.target.value=1.5", "strategy=default", f"hydra.sweep.dir={tmp_path}",
                   timeout=300)

@@ -3,12 +3,10 @@ preset end to end."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
-from conftest import fast_overrides, run_cli
 
 from distlab.launch.run_dir import RunDir
 
@@ -47,18 +45,18 @@ def test_zoo_model_trains_in_both_loops_on_two_replicas(run_inprocess, model, tm
         assert float(rows["custom"][0][key]) == pytest.approx(trained, rel=2e-6, abs=1e-6), key
 
 
-def test_cifar10_resnet20_preset_end_to_end(tiny_data_dir, tmp_path):
+def test_cifar10_resnet20_preset_end_to_end(tiny_data_dir, run_inprocess, tmp_path):
+    """In this process (the command line is not the point), on one CPU device as run.py's."""
     import tensorflow as tf
     import tensorflow_datasets as tfds
 
     run_dir = tmp_path / "resnet20"
-    out = run_cli("experiment=cifar10_resnet20", *fast_overrides(tiny_data_dir),
-                  "trainer.epochs=2", "trainer.export=true", "trainer.validate_every=1",
-                  "dataset.batch_size_per_replica=64", f"hydra.run.dir={run_dir}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = json.loads((run_dir / "results.json").read_text())
+    results = run_inprocess("experiment=cifar10_resnet20", "strategy.cpu_devices=1",
+                            "trainer.epochs=2", "trainer.export=true",
+                            "trainer.validate_every=1", "dataset.batch_size_per_replica=64",
+                            out=run_dir)
     assert (results["dataset"], results["epochs_completed"]) == ("cifar10", 2)
-    config = (run_dir / ".hydra" / "config.yaml").read_text()
+    config = RunDir(run_dir).started_config_yaml.read_text()
     assert "depth: 20" in config and "crop_padding: 4" in config
     assert (run_dir / "saved_model" / "saved_model.pb").exists()
     # the SavedModel serves raw test images (uint8; normalised inside) with the run's figures

@@ -12,6 +12,10 @@ import tensorflow as tf
 
 from distlab.data.pipeline import replica_rows
 
+# a small MLP with a softmax output (fashion_cnn's probabilities path): the replica split is
+# the point, not the model
+MODEL = ("model=mlp", "model.hidden_units=[32]", "model.output_activation=softmax")
+
 
 @pytest.mark.parametrize("replicas", [1, 2, 3, 4])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 16, 100, 192])
@@ -43,7 +47,7 @@ def test_any_replica_count_trains_and_evaluates_like_one(loop, train_rows, test_
     results = {}
     for replicas in (1, 2, 3):
         results[replicas] = run_inprocess(
-            f"loop={loop}", "model=fashion_cnn", "deterministic=true", "seed=5",
+            f"loop={loop}", *MODEL, "deterministic=true", "seed=5",
             "trainer.epochs=1", f"strategy.cpu_devices={replicas}",
             f"dataset.batch_size_per_replica={192 // replicas}",
             f"dataset.train_split='train[:{train_rows}]'",
@@ -56,11 +60,11 @@ def test_any_replica_count_trains_and_evaluates_like_one(loop, train_rows, test_
 
 @pytest.mark.slow
 def test_evaluation_does_not_depend_on_the_replica_count(run_inprocess, tmp_path):
-    run_inprocess("model=fashion_cnn", "trainer.steps_per_epoch=3", "trainer.epochs=1",
+    run_inprocess(*MODEL, "trainer.steps_per_epoch=3", "trainer.epochs=1",
                   "strategy.cpu_devices=1", out=tmp_path / "t")
     figures = []
     for replicas in (1, 2, 3):
-        r = run_inprocess("model=fashion_cnn", "mode=evaluate", f"ckpt_path={tmp_path / 't'}",
+        r = run_inprocess(*MODEL, "mode=evaluate", f"ckpt_path={tmp_path / 't'}",
                           f"strategy.cpu_devices={replicas}", "dataset.test_split='test[:100]'",
                           out=tmp_path / f"e{replicas}")
         assert r["num_replicas"] == replicas
@@ -74,7 +78,8 @@ def test_evaluation_does_not_depend_on_the_replica_count(run_inprocess, tmp_path
 def test_odd_batch_on_two_replicas_custom_loop(run_inprocess):
     # 512 rows in global batches of 66: the last has 50 rows (25 each); batch 33 per replica,
     # trained as one replica trains batches of 66
-    common = ("loop=custom", "trainer.epochs=1", "deterministic=true", "dataset.validation=null")
+    common = ("loop=custom", "trainer.epochs=1", "deterministic=true", "dataset.validation=null",
+              *MODEL)
     r = run_inprocess(*common, "dataset.batch_size_per_replica=33", "strategy.cpu_devices=2")
     assert r["status"] == "completed" and r["global_batch_size"] == 66
     assert r["steps_per_epoch"] == 8  # 7 x 66 + 50

@@ -11,6 +11,7 @@ from distlab.launch.results import COMPLETED, is_field
 from distlab.launch.run_dir import HISTORY_COLUMNS, RunDir
 
 pytestmark = pytest.mark.slow
+MLP = ("model=mlp", "model.hidden_units=[32]")  # where the model is not the point
 
 
 def assert_run_dir(path, epochs: int, export: bool = True) -> dict:
@@ -70,7 +71,8 @@ def test_cli_two_replicas_and_restore_without_a_strategy(tiny_data_dir, tmp_path
 @pytest.mark.parametrize("strategy", ["strategy=default", "strategy=one_device",
                                       "strategy.cpu_devices=2"])
 def test_custom_loop_under_each_strategy(strategy, run_inprocess):
-    results = run_inprocess("loop=custom", strategy, "trainer.steps_per_epoch=2")
+    results = run_inprocess("loop=custom", strategy, "trainer.steps_per_epoch=2", "model=mlp",
+                            "model.hidden_units=[32]")
     assert results["status"] == "completed" and results["epochs_completed"] == 2
     assert results["num_replicas"] == (2 if "cpu_devices=2" in strategy else 1)
 
@@ -78,7 +80,7 @@ def test_custom_loop_under_each_strategy(strategy, run_inprocess):
 def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
     # 11 steps per epoch in loops of 4: 4 + 4 + 3, no dropped or repeated batch
     results = run_inprocess("loop=custom", "loop.steps_per_loop=4", "trainer.steps_per_epoch=11",
-                            out=tmp_path / "r")
+                            *MLP, out=tmp_path / "r")
     import tensorflow as tf
 
     reader = tf.train.load_checkpoint(str(tmp_path / "r" / "checkpoints" / "ckpt-22"))
@@ -88,9 +90,10 @@ def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
 
 
 def _trained(run_once, loop: str, replicas: int) -> tuple[dict, object]:
-    """A deterministic run (2 epochs of 6 steps) on a global batch of 128 in `replicas`
-    replicas, trained once for the tests below (which only read it)."""
+    """A deterministic run (2 epochs of 6 steps, an MLP) on a global batch of 128 in
+    `replicas` replicas, trained once for the tests below (which only read it)."""
     return run_once(f"loop={loop}", "deterministic=true", "seed=3", "trainer.steps_per_epoch=6",
+                    *MLP,
                     f"strategy.cpu_devices={replicas}",
                     f"dataset.batch_size_per_replica={128 // replicas}")
 
@@ -117,21 +120,22 @@ def test_checkpoint_from_one_loop_restores_in_the_other(train_loop, eval_loop, r
                                                         run_once, tmp_path):
     trained, run_dir = _trained(run_once, train_loop, 2)
     restored = run_inprocess(f"loop={eval_loop}", "mode=evaluate", f"ckpt_path={run_dir}",
-                             "strategy=default", out=tmp_path / "e")
+                             "strategy=default", *MLP, out=tmp_path / "e")
     assert restored["test_accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-6)
     assert restored["test_loss"] == pytest.approx(trained["test_loss"], abs=1e-5)
 
 
 def test_checkpoint_cadence(run_inprocess, tmp_path):
     run_inprocess("trainer.epochs=5", "trainer.checkpoint_every=2", "trainer.max_checkpoints=5",
-                  "trainer.steps_per_epoch=2", "trainer.validate_every=0", out=tmp_path / "c")
+                  "trainer.steps_per_epoch=2", "trainer.validate_every=0", "strategy=default",
+                  *MLP, out=tmp_path / "c")
     names = sorted(p.name for p in (tmp_path / "c" / "checkpoints").glob("ckpt-*.index"))
     # numbered by optimizer step: after epochs 2 and 4 (every 2) and 5 (the last), 2 steps each
     assert names == ["ckpt-10.index", "ckpt-4.index", "ckpt-8.index"]
 
 
 def test_evaluate_rejects_a_checkpoint_of_another_model(run_inprocess, run_once, tmp_path):
-    _, trained = _trained(run_once, "keras_fit", 2)  # model=mnist_cnn
+    _, trained = _trained(run_once, "keras_fit", 2)  # model=mlp
     with pytest.raises(SystemExit) as e:
         run_inprocess("model=fashion_cnn", "mode=evaluate", f"ckpt_path={trained}",
                       out=tmp_path / "e")
@@ -150,9 +154,9 @@ def test_evaluate_with_missing_checkpoint(run_inprocess, tmp_path):
 
 def test_auto_strategy_mirrors_only_with_several_devices(run_inprocess):
     one = run_inprocess("strategy=auto", "strategy.cpu_devices=1", "trainer.steps_per_epoch=2",
-                        "trainer.epochs=1")
+                        "trainer.epochs=1", *MLP)
     two = run_inprocess("strategy=auto", "strategy.cpu_devices=2", "trainer.steps_per_epoch=2",
-                        "trainer.epochs=1")
+                        "trainer.epochs=1", *MLP)
     assert (one["strategy"], one["num_replicas"]) == ("DefaultStrategy", 1)
     assert (two["strategy"], two["num_replicas"]) == ("MirroredStrategy", 2)
 
@@ -165,8 +169,9 @@ def test_a_device_that_does_not_exist_is_refused(run_inprocess, tmp_path):
         assert e.value.code == 2
         error = json.loads((tmp_path / device[1:4] / "results.json").read_text())["error"]
         assert f"strategy.device='{device}' does not exist" in error and "/cpu:0" in error
-    assert run_inprocess("strategy=one_device", "strategy.device=/cpu:1",
-                         "trainer.steps_per_epoch=2", "trainer.epochs=1")["status"] == "completed"
+    assert run_inprocess("strategy=one_device", "strategy.device=/cpu:1", "model=mlp",
+                         "model.hidden_units=[32]", "trainer.steps_per_epoch=2",
+                         "trainer.epochs=1")["status"] == "completed"
 
 
 def test_jit_compile_over_several_logical_cpus_is_refused(run_inprocess, tmp_path):
@@ -179,8 +184,9 @@ def test_jit_compile_over_several_logical_cpus_is_refused(run_inprocess, tmp_pat
 
 def test_history_loss_has_one_definition_in_both_loops(run_inprocess, tmp_path):
     # model.l2 adds a penalty to the objective; history's loss is the data loss in both loops
-    common = ("deterministic=true", "seed=4", "model.l2=0.01", "trainer.steps_per_epoch=4",
-              "trainer.epochs=1", "strategy.cpu_devices=2")
+    common = ("deterministic=true", "seed=4", *MLP,
+              "model.l2=0.01", "trainer.steps_per_epoch=4", "trainer.epochs=1",
+              "strategy.cpu_devices=2")
     losses = []
     for loop in ("keras_fit", "custom"):
         run_inprocess(f"loop={loop}", *common, out=tmp_path / loop)
@@ -191,7 +197,7 @@ def test_history_loss_has_one_definition_in_both_loops(run_inprocess, tmp_path):
 def test_evaluate_mode_says_which_figures_are_the_training_runs(run_inprocess, run_once,
                                                                 tmp_path):
     _, trained = _trained(run_once, "custom", 2)  # 2 x 64 rows, 6 steps per epoch
-    evaluated = run_inprocess("mode=evaluate", f"ckpt_path={trained}", "strategy=default",
+    evaluated = run_inprocess("mode=evaluate", f"ckpt_path={trained}", "strategy=default", *MLP,
                               out=tmp_path / "e")
     assert evaluated["learning_rate"] is None and evaluated["steps_per_epoch"] is None
     assert evaluated["global_batch_size"] == 64  # the evaluation's own batch

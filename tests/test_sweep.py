@@ -26,7 +26,7 @@ from distlab.reporting.summary import (
     swept_keys,
 )
 
-SHORT = ("trainer.epochs=1", "trainer.steps_per_epoch=2")
+SHORT = ("trainer.epochs=1", "trainer.steps_per_epoch=2", "model=mlp", "model.hidden_units=[8]")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -84,9 +84,9 @@ def _wait_rows(procs: list[subprocess.Popen], run_dir: Path, rows: int) -> None:
         time.sleep(0.05)
 
 
-# 3 epochs of 30 steps; deterministic=true, so fit and custom, 2 workers and 1 process with
+# 2 epochs of 20 steps; deterministic=true, so fit and custom, 2 workers and 1 process with
 # 2 replicas, resumed and uninterrupted runs all end with the same test loss
-RUN = ("trainer.epochs=3", "trainer.steps_per_epoch=30", "trainer.checkpoint_every=1",
+RUN = ("trainer.epochs=2", "trainer.steps_per_epoch=20", "trainer.checkpoint_every=1",
        "deterministic=true", "seed=5")
 
 
@@ -113,7 +113,7 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
                  f"+callbacks.rec.path={every}",
                  "+callbacks.boss._target_=callback_recorder.Recorder",
                  f"+callbacks.boss.path={boss}", "+callbacks.boss._chief_only_=true",
-                 "+callbacks.boss.stop_epoch=2", "+callbacks.boss.stop_step=2"
+                 "+callbacks.boss.stop_epoch=1", "+callbacks.boss.stop_step=2"
                  ) if loop == "keras_fit" else ()
     _run_cluster(tmp_path, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
                  "trainer.export=true", *tracked, *callbacks)
@@ -133,18 +133,18 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
         client = MlflowClient(store)
         [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
         assert run.data.tags["distlab.run_dir"] == str(tmp_path / "W0")
-        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2, 3]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
     if callbacks:
         from test_callbacks import _calls
 
-        assert chief["stopped_early"] == {"epoch": 3, "reason": "callback"}
+        assert chief["stopped_early"] == {"epoch": 2, "reason": "callback"}
         by_pid: dict[int, list] = {}
         for hook, index, _, pid in _calls(every):
             by_pid.setdefault(pid, []).append((hook, index))
         assert len(by_pid) == 2 and len({pid for *_, pid in _calls(boss)}) == 1
         first, second = by_pid.values()
         assert first == second  # the same calls on both workers; the epoch ran to its end
-        assert first[-4:] == [("batch_begin", 29), ("batch_end", 29), ("epoch_end", 2),
+        assert first[-4:] == [("batch_begin", 19), ("batch_end", 19), ("epoch_end", 1),
                               ("train_end", None)]
 
     if loop == "custom":  # evaluate across the workers: only the chief's disk has the
@@ -180,18 +180,18 @@ def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir
     lines = [ln for ln in out.splitlines() if "lost worker" in ln]
     assert len(lines) == 1 and "Traceback" not in out, out[-3000:]
     latest = (tmp_path / "W0" / "checkpoints" / "checkpoint").read_text()
-    assert "ckpt-30" in latest or "ckpt-60" in latest
+    assert "ckpt-20" in latest or "ckpt-40" in latest
 
     _run_cluster(tmp_path, *args)
     resumed = _results(tmp_path / "W0")
-    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
+    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 2
     assert resumed["test_loss"] == pytest.approx(reference(loop)["test_loss"], abs=1e-6)
     history = [int(r.split(",")[0]) for r in
                (tmp_path / "W0" / "history.csv").read_text().splitlines()[1:]]
-    assert history == [1, 2, 3]
-    if user_loop:  # both workers counted on from the checkpoint's value: 3 x 30 x 128
+    assert history == [1, 2]
+    if user_loop:  # both workers counted on from the checkpoint's value: 2 x 20 x 128
         seen = [float((tmp_path / f"seen-{i}").read_text()) for i in range(2)]
-        assert seen == [3 * 30 * 128] * 2, seen
+        assert seen == [2 * 20 * 128] * 2, seen
 
 
 def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_path, run_once):

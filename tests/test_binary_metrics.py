@@ -420,8 +420,8 @@ def test_binary_figures_equal_one_device_keras_and_sklearn_on_1_2_3_replicas(
     """A frozen model (learning rate 1e-30: the weights do not move) trained one epoch on 194
     rows and tested on 194, in global batches of 64 per replica: on 3 replicas both end with
     192 rows then 2 (a padding row). The train, validation and test figures are the one-device
-    keras.metrics figures of the checkpoint's predictions, and sklearn's. keras_fit trains on
-    1 and 3 replicas, custom on 1 and 2 (and evaluates its 1-replica checkpoint on 3)."""
+    keras.metrics figures of the checkpoint's predictions, and sklearn's (custom also
+    evaluates its 1-replica checkpoint on 3)."""
     from sklearn.metrics import precision_score, recall_score, roc_auc_score
 
     x_train, y_train = _split(binary_data, "train[:194]")
@@ -430,7 +430,7 @@ def test_binary_figures_equal_one_device_keras_and_sklearn_on_1_2_3_replicas(
     frozen = ("optimizer.learning_rate=1e-30", "trainer.epochs=1",
               "dataset.train_split='train[:194]'", "dataset.validation='train[194:]'",
               "dataset.batch_size_per_replica=64")
-    for replicas in ((1, 3) if loop == "keras_fit" else (1, 2)):
+    for replicas in (1, 2, 3):
         out = tmp_path / f"r{replicas}"
         results = run_inprocess(*BINARY, *frozen, f"loop={loop}",
                                 f"strategy.cpu_devices={replicas}", out=out)
@@ -468,12 +468,11 @@ FIGURES = ("loss", "accuracy", *STATEFUL)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop, options, stop", [
-    # (the custom loop's resume on the default strategy: its 3-replica case checks the same
-    # resume logic; test_reliability's SIGTERM tests resume the default strategy for real)
+    ("custom", ("strategy=default",), 5),
     ("keras_fit", ("strategy=default",), 5),
     ("keras_fit", ("strategy.cpu_devices=2",), 4),
     ("custom", ("strategy.cpu_devices=3", "loop.steps_per_loop=2"), 2),  # 4 steps an epoch
-], ids=["keras_fit", "keras_fit-2replicas", "custom-3replicas-steps_per_loop"])
+], ids=["custom", "keras_fit", "keras_fit-2replicas", "custom-3replicas-steps_per_loop"])
 def test_a_binary_run_resumed_mid_epoch_records_the_uninterrupted_rows(
         loop, options, stop, binary_data, run_inprocess, monkeypatch, tmp_path):
     """Stopped (as by SIGTERM) mid-epoch 2 and rerun: every row, train and validation, AUC,

@@ -145,6 +145,29 @@ def test_a_monitor_with_mode_auto_ranks_as_distlab_does(tmp_path):
     assert [c.mode for c in named.values()] == ["max", "min", "min", "min"]
 
 
+def test_a_val_monitor_without_validation_and_a_resumed_stateful_callback_are_said(
+        tmp_path, caplog):
+    import keras
+
+    from distlab.errors import ConfigError
+    from distlab.training.callbacks import check_monitors, warn_resumed
+
+    with pytest.raises(ConfigError, match=r"^callbacks.es.monitor=val_loss needs a validation "
+                                          r"split, and dataset.validation=null"):
+        check_monitors({"callbacks.es": keras.callbacks.EarlyStopping(monitor="val_loss")},
+                       {"accuracy": True}, validation=False)
+    named = {"callbacks.es": keras.callbacks.EarlyStopping(monitor="val_loss"),
+             "callbacks.best": keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"),
+                                                               save_best_only=True),
+             "callbacks.every": keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras")),
+             "callbacks.csv": keras.callbacks.CSVLogger(str(tmp_path / "e.csv"))}
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        warn_resumed(named, epoch=2)
+    warned = [r.getMessage() for r in caplog.records]
+    assert [w.split(" ")[0] for w in warned] == ["callbacks.es", "callbacks.best"]
+    assert "starts afresh at epoch 3 of this resumed run" in warned[0]
+
+
 def test_batch_hooks_set_on_the_instance_count():
     import keras
 

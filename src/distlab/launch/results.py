@@ -311,6 +311,13 @@ def check_figure(where: str, name: str, figures: list[str], what: str) -> None:
         raise ConfigError(f"{where}={name!r} is not a {what}; use one of {', '.join(figures)}")
 
 
+def needs_validation(where: str, name: str) -> ConfigError:
+    """The one line for a watched `val_` figure in a run without a validation split."""
+    return ConfigError(f"{where}={name} needs a validation split, and dataset.validation=null: "
+                       "set dataset.validation=auto (or 0.1, or a split), or watch a train "
+                       "metric")
+
+
 def check_watched(trainer: DictConfig, metric_names: list[str],
                   validation: bool = True) -> None:
     """Refuse, in one line, a monitor metric that no epoch of this run would measure, or
@@ -327,9 +334,7 @@ def check_watched(trainer: DictConfig, metric_names: list[str],
         if not metric.startswith("val_"):
             continue
         if not validation:
-            raise ConfigError(f"{where}={metric} needs a validation split, and "
-                              "dataset.validation=null: set dataset.validation=auto (or 0.1, "
-                              "or a split), or watch a train metric")
+            raise needs_validation(where, metric)
         every = trainer.validate_every
         if not every:
             raise ConfigError(f"{where}={metric} is measured only on epochs that validate, and "

@@ -26,10 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import check_callback_entry
 from distlab.errors import ConfigError, DistlabError, described
-from distlab.launch.results import check_figure, metric_direction
+from distlab.launch.results import check_figure, metric_direction, needs_validation
 from distlab.launch.run_dir import figure_columns
 from distlab.registry import CALLBACKS
 
+log = logging.getLogger("distlab")
 CHIEF_ONLY = "_chief_only_"  # an entry's key: run it on the chief only (true) or everywhere
 BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 _SCHEDULE = ("sets the optimizer's learning rate, and distlab's is the `schedule` group's "
@@ -67,6 +68,8 @@ def check_monitors(named: dict[str, keras.callbacks.Callback], higher: dict[str,
         monitor = getattr(callback, "monitor", None)
         if not isinstance(monitor, str):
             continue
+        if monitor.startswith("val_") and not validation:
+            raise needs_validation(f"{key}.monitor", monitor)
         check_figure(f"{key}.monitor", monitor, figures, "per-epoch figure of this run")
         if getattr(callback, "mode", None) == "auto":
             callback.mode = metric_direction(monitor, "auto", higher)
@@ -88,6 +91,21 @@ def has_batch_hooks(callbacks: list[keras.callbacks.Callback]) -> bool:
                for c in callbacks for hook in BATCH_HOOKS)
 
 
+def warn_resumed(named: dict[str, keras.callbacks.Callback], epoch: int) -> None:
+    """At a resume: one warning per callback whose choices depend on the epochs before it
+    (its best value, its wait), which it does not have: it starts afresh at `epoch`."""
+    for key, callback in named.items():
+        remembers = isinstance(callback, keras.callbacks.EarlyStopping) or (
+            isinstance(callback, keras.callbacks.ModelCheckpoint)
+            and getattr(callback, "save_best_only", False))
+        if remembers:
+            log.warning("%s (%s) starts afresh at epoch %d of this resumed run: its best value "
+                        "and patience are not in the checkpoint, so it may stop or save "
+                        "otherwise than an uninterrupted run (trainer.early_stopping and "
+                        "trainer.best_checkpoint resume exactly)", key,
+                        type(callback).__name__, epoch + 1)
+
+
 class Callbacks:
     """The user's callbacks, driven as `keras.callbacks.CallbackList`'s hooks (one list per
     callback, so that an exception a callback raises is one DistlabError naming its key and
@@ -97,6 +115,7 @@ class Callbacks:
         """`params`: CallbackList's (model, verbose, epochs, steps)."""
         self.named = {key: keras.callbacks.CallbackList([c], **params)
                       for key, c in named.items()}
+        self.by_key = dict(named)
         self.callbacks = list(named.values())
 
     def on_train_begin(self, logs: dict | None = None) -> None:

@@ -36,7 +36,7 @@ from distlab.training.actions.history import History
 from distlab.training.actions.nan_guard import check_finite
 from distlab.training.actions.profiler import Profiler
 from distlab.training.actions.throughput import Interval, steady_state
-from distlab.training.callbacks import Callbacks, check_monitors, has_batch_hooks
+from distlab.training.callbacks import Callbacks, check_monitors, has_batch_hooks, warn_resumed
 from distlab.training.checkpoints import Checkpoints
 from distlab.training.experiment import Experiment
 
@@ -91,6 +91,8 @@ class Controller:
         """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
         steps of `initial_epoch` (a run resumed mid-epoch)."""
         self.exp.model.stop_training = False
+        if initial_epoch or skip_steps:
+            warn_resumed(self.callbacks.by_key, initial_epoch)
         self.callbacks.on_train_begin()
         self.loop.run(self, initial_epoch, skip_steps)
         self.callbacks.on_train_end(self.epoch_logs(self.epochs[-1]) if self.epochs else None)

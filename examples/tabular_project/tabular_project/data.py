@@ -26,28 +26,31 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class DigitsConfig(DatasetConfig):
-    """`dataset=digits`: distlab's common dataset keys plus the split's own."""
+class SplitConfig(DatasetConfig):
+    """distlab's common dataset keys plus those of a deterministic train/test split (the
+    stratified one for classes: digits, breast cancer)."""
 
-    test_fraction: float = 0.25  # share of the 1797 images held out as the test split
-    split_seed: int = 0  # random_state of the stratified train/test split
+    test_fraction: float = 0.25  # share of the examples held out as the test split
+    split_seed: int = 0  # random_state of the train/test split
 
 
 @dataclass
-class DiabetesConfig(DatasetConfig):
-    """`dataset=diabetes`: distlab's common dataset keys plus the split's and target's own."""
+class DigitsConfig(SplitConfig):
+    """`dataset=digits`: 1797 images, a quarter held out as the test split."""
 
-    test_fraction: float = 0.2  # share of the 442 patients held out as the test split
-    split_seed: int = 0  # random_state of the train/test split
+
+@dataclass
+class DiabetesConfig(SplitConfig):
+    """`dataset=diabetes`: the split's keys (442 patients, a fifth held out) and the
+    target's own."""
+
+    test_fraction: float = 0.2
     standardize_target: bool = True  # labels (y - train mean) / train std; false: raw y
 
 
 @dataclass
-class BreastCancerConfig(DatasetConfig):
-    """`dataset=breast_cancer`: distlab's common dataset keys plus the split's own."""
-
-    test_fraction: float = 0.25  # share of the 569 tumours held out as the test split
-    split_seed: int = 0  # random_state of the stratified train/test split
+class BreastCancerConfig(SplitConfig):
+    """`dataset=breast_cancer`: 569 tumours, a quarter held out as the test split."""
 
 
 @dataclass

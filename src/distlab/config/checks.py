@@ -98,14 +98,11 @@ def validate(cfg: DictConfig) -> None:
     objective = cfg.get("objective")
     # (with dataset.validation=null the examples watch a training figure, as they must)
     watched = "val_" if OmegaConf.select(cfg, "dataset.validation", default="auto") else ""
+    to_target = ("trainer.target", target.metric,
+                 f"trainer.target.metric={watched}accuracy trainer.target.value=0.9")
     needs = {"best_value": ("checkpoints/best", best.metric or cfg.trainer.early_stopping.metric,
                             f"trainer.best_checkpoint.metric={watched}loss"),
-             "epochs_to_target": ("trainer.target", target.metric,
-                                  f"trainer.target.metric={watched}accuracy "
-                                  "trainer.target.value=0.9"),
-             "time_to_target_s": ("trainer.target", target.metric,
-                                  f"trainer.target.metric={watched}accuracy "
-                                  "trainer.target.value=0.9")}
+             "epochs_to_target": to_target, "time_to_target_s": to_target}
     if objective in needs and needs[objective][1] is None:
         what, _, example = needs[objective]
         raise ConfigError(f"objective={objective} needs {what}, and none is configured: set "

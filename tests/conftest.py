@@ -240,38 +240,67 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def sigterm_in_epoch_two(args: list[str], run_dir: Path, timeout: float = 180,
-                         signum: int | None = None, timing: dict | None = None
-                         ) -> tuple[int, str]:
-    """Start `python run.py ARGS hydra.run.dir=RUN_DIR`; once epoch 1's history row and its
-    checkpoint exist, SIGTERM it (or send `signum`, e.g. SIGKILL) 0.3 s later (so the signal
-    lands in epoch 2 however slow the machine is). (exit status, output); the process is
-    killed on expiry. `timing["exit_s"]`: seconds from the signal to the process's end."""
-    import signal
-    import time
+class Gated:
+    """`python tests/gate.py ARGS hydra.run.dir=RUN_DIR` (run.py with a test-only gate, see
+    tests/gate.py): `wait()` until the run reaches the gate, `signal(n)` it there (the gate
+    is released once the signal is sent), `finish()` -> (exit status, output). The process
+    is killed on expiry or when the test fails."""
 
-    proc = subprocess.Popen([sys.executable, "run.py", *args, f"hydra.run.dir={run_dir}"],
-                            cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    history = run_dir / "history.csv"
-    try:
-        deadline = time.time() + timeout
-        while (not history.exists() or len(history.read_text().splitlines()) < 2
-               or not list(run_dir.glob("checkpoints/ckpt-*.index"))):
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.time() < deadline, "timed out waiting for epoch 1"
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGTERM if signum is None else signum)
-        sent = time.time()
-        output = proc.communicate(timeout=60)[0]
-        if timing is not None:
-            timing["exit_s"] = time.time() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, output
+    def __init__(self, args: list[str], run_dir: Path, gate: str, folder: Path,
+                 step_sleep: float = 0.0, env: dict | None = None, timeout: float = 240):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder, self.timeout = folder, timeout
+        gate_env = {"DISTLAB_TEST_GATE": gate, "DISTLAB_TEST_GATE_DIR": str(folder),
+                    "DISTLAB_TEST_STEP_SLEEP": str(step_sleep)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "gate.py"), *args, f"hydra.run.dir={run_dir}"],
+            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, **gate_env, **(env or {})})
+
+    def wait(self) -> None:
+        """Until the run is held at its gate (an event, whatever the machine's speed)."""
+        import time
+
+        expiry = time.monotonic() + self.timeout
+        while not (self.folder / "reached").exists():
+            if self.proc.poll() is not None or time.monotonic() > expiry:
+                self.proc.kill()
+                raise AssertionError("the run never reached its gate:\n"
+                                     + self.proc.communicate()[0][-3000:])
+            time.sleep(0.02)
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+        (self.folder / "released").write_text("")
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            output = self.proc.communicate(timeout=self.timeout)[0]
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            output = self.proc.communicate()[0] + "\n<killed: timeout>"
+        return self.proc.returncode, output
+
+    def __enter__(self) -> Gated:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def signal_at(args: list[str], run_dir: Path, gate: str, signum: int | None = None,
+              step_sleep: float = 0.0, env: dict | None = None) -> tuple[int, str]:
+    """Run `python run.py ARGS hydra.run.dir=RUN_DIR`, send `signum` (SIGTERM) when it reaches
+    `gate` (tests/gate.py: `step:E:S` or `stage:NAME`); (exit status, output)."""
+    import signal
+
+    with Gated(args, run_dir, gate, run_dir.parent / f"{run_dir.name}-gate", step_sleep,
+               env) as gated:
+        gated.wait()
+        gated.signal(signal.SIGTERM if signum is None else signum)
+        return gated.finish()
 
 
 def stop_at(monkeypatch, epoch: int, step: int) -> None:

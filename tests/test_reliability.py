@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides, run_cli, sigterm_in_epoch_two
+from conftest import ROOT, fast_overrides, run_cli, signal_at
 
 pytestmark = pytest.mark.slow
 
@@ -129,33 +130,38 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
     assert evaluated["trained"]["epochs_completed"] == 3  # the run's record, best is epoch N
 
 
+# a machine that trains fast (tiny steps) and one that trains slowly (every step sleeps)
+SPEEDS = {"fast": 0.0, "slow": 0.05}
+
+
+@pytest.mark.parametrize("speed", sorted(SPEEDS))
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
 def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_run(
-        loop, tiny_data_dir, tmp_path, run_inprocess):
-    """A real SIGTERM mid-epoch 2: exit 143 within seconds, one line, status interrupted, a
-    mid-epoch checkpoint; the rerun's rows (the resumed epoch whole), test loss and time to
-    target equal an uninterrupted run's (in this process, on the same default strategy)."""
+        loop, speed, tiny_data_dir, tmp_path, run_inprocess):
+    """A real SIGTERM mid-epoch 2 (sent when step 5 of epoch 2 has run: tests/gate.py): exit
+    143, one line, status interrupted, a mid-epoch checkpoint; the rerun's rows (the resumed
+    epoch whole), test loss and time to target equal an uninterrupted run's (in this process,
+    on the same default strategy)."""
     from test_issue18_resume_eval import SMALL, _same_rows
 
-    # 300 small steps an epoch: the signal, 0.3 s after epoch 1's checkpoint, lands mid-epoch
-    training = [f"loop={loop}", "strategy=default", *SMALL, "trainer.steps_per_epoch=300",
+    training = [f"loop={loop}", "strategy=default", *SMALL, "trainer.steps_per_epoch=12",
                 "trainer.target.metric=accuracy", "trainer.target.value=0.5"]
     # loop.verbose left at auto: in a pipe, only the epoch lines (no progress bar)
     args = [*(a for a in fast_overrides(tiny_data_dir) if not a.startswith("loop.verbose")),
             *training]
     whole = run_inprocess(*training, out=tmp_path / "a")
 
-    timing: dict = {}
-    returncode, output = sigterm_in_epoch_two(args, tmp_path / "b", timing=timing)
+    returncode, output = signal_at(args, tmp_path / "b", "step:1:5", step_sleep=SPEEDS[speed])
     assert returncode == 128 + signal.SIGTERM, output[-3000:]
     assert "Traceback" not in output
-    assert timing["exit_s"] < 10
     stopped = [ln for ln in output.splitlines() if "stopped by signal" in ln]
     assert len(stopped) == 1 and "Rerun the same command to resume" in stopped[0], output[-3000:]
+    assert "epoch 2, step 5" in stopped[0]
     interrupted = _results(tmp_path / "b")
     assert interrupted["status"] == "interrupted"
+    assert interrupted["interrupted_stage"] == "training"
     assert interrupted["epochs_completed"] == 1
-    assert interrupted["steps_in_epoch"] > 0, "the signal did not land mid-epoch 2"
+    assert interrupted["steps_in_epoch"] == 5
     assert (tmp_path / "b" / "checkpoints" / "checkpoint").exists()
 
     out = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
@@ -169,6 +175,53 @@ def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_
     _same_rows(tmp_path / "b", tmp_path / "a")
     for key in ("test_loss", "epochs_to_target"):
         assert done[key] == pytest.approx(whole[key], abs=1e-6), key
+
+
+# (stage, the keys that make the run have it)
+STAGES = {"final evaluation": (), "export": ("trainer.export=true",),
+          "best-checkpoint test": ("trainer.best_checkpoint.metric=val_loss",
+                                   "trainer.best_checkpoint.test=true")}
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
+def test_a_signal_after_training_ends_the_stage_and_the_rerun_completes_it(
+        loop, stage, tiny_data_dir, tmp_path, run_inprocess, caplog):
+    """SIGTERM (SIGINT in the custom loop) once a stage after training has begun: exit
+    128+N, one line naming the stage, results.json interrupted in that stage with the
+    figures measured before it, no half-written SavedModel; the rerun trains nothing and
+    completes the run (the final figures as an uninterrupted run's)."""
+    signum = signal.SIGINT if loop == "custom" else signal.SIGTERM
+    training = [f"loop={loop}", "strategy=default", "trainer.steps_per_epoch=3", "seed=3",
+                "deterministic=true", "model=mlp", "model.hidden_units=[16]", *STAGES[stage]]
+    args = [*fast_overrides(tiny_data_dir), *training]
+    run_dir = tmp_path / "run"
+    returncode, output = signal_at(args, run_dir, f"stage:{stage}", signum=signum)
+    assert returncode == 128 + signum, output[-3000:]
+    lines = [ln for ln in output.splitlines() if "stopped by signal" in ln]
+    assert len(lines) == 1 and f"during the {stage}" in lines[0], output[-3000:]
+    assert "Traceback" not in output
+    cut = _results(run_dir)
+    assert (cut["status"], cut["interrupted_stage"]) == ("interrupted", stage)
+    assert cut["epochs_completed"] == 2
+    assert not list(run_dir.glob("saved_model*")), "an export cut short leaves nothing"
+    if stage != "final evaluation":  # measured before the stage: kept
+        assert cut["test_loss"] is not None and cut["train_examples_per_sec"] is not None
+    history = (run_dir / "history.csv").read_text()
+
+    caplog.set_level(logging.INFO, logger="distlab")
+    done = run_inprocess(*training, out=run_dir)
+    assert done["status"] == "completed" and done["epochs_completed"] == 2
+    assert "interrupted_stage" not in done
+    assert any("training is done" in r.getMessage() for r in caplog.records)
+    assert (run_dir / "history.csv").read_text() == history  # nothing trained again
+    assert done["train_examples_per_sec"] is not None  # the training attempt's figures kept
+    if stage != "final evaluation":
+        assert done["test_loss"] == pytest.approx(cut["test_loss"], abs=1e-6)
+    if stage == "export":
+        assert (run_dir / "saved_model" / "saved_model.pb").exists()
+    if stage == "best-checkpoint test":
+        assert done["best_test_loss"] is not None
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])

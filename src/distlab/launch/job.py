@@ -28,7 +28,13 @@ from omegaconf import DictConfig, OmegaConf
 from distlab import plugins
 from distlab.config import effective, register_configs, training_diff, validate
 from distlab.distribute.cluster import current_worker
-from distlab.distribute.preemption import Interrupted
+from distlab.distribute.preemption import (
+    FINISH,
+    Interrupted,
+    Signalled,
+    StopRequest,
+    stop_on_signals,
+)
 from distlab.errors import ConfigError, DistlabError, composition_error, described
 from distlab.errors import message as error_message
 from distlab.launch.results import failed_results, objective_value
@@ -150,14 +156,18 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     run_dir = RunDir(output_dir or Path.cwd())
     out = run_dir.path
     scratch = None
-    logging_to = ExitStack()
+    logging_to, signals = ExitStack(), ExitStack()
     session, outcome = None, None  # the chief's tracker run, and what it is told at the end
+    stop, results, owned = StopRequest(), None, False
     try:
         _check_interpolations(cfg)
         validate(cfg)
         plugins.check(cfg)  # user code imported, every group's name resolved
         tracker = tracking.build(cfg)  # one that cannot run (MLflow missing) is refused here
         worker = current_worker(cfg.strategy)
+        # from here to the end a signal ends the job in order (across workers SIGTERM is
+        # TensorFlow's preemption handler's while training)
+        stop = signals.enter_context(stop_on_signals(sigterm=not worker.multi_worker))
         if not worker.is_chief:  # only the chief writes the run dir; workers write to scratch
             scratch = Path(tempfile.mkdtemp(prefix=f"distlab-{worker.type}{worker.index}-"))
             run_dir = RunDir(scratch)
@@ -191,6 +201,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                 tracking.Session(tracker, run_dir, config, sweep_dir).catch_up(previous or {})
             return Results(out, previous or {}, objective_value(previous or {}, cfg.objective))
         run_dir.mark_holder()
+        owned = True
         if log_file and scratch is None:
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
         if cfg.mode == "train":
@@ -204,20 +215,31 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         # as a whole-process benchmark does); in a sweep from the start of the job's own work,
         # after TensorFlow's import, which only a process's first job pays (so jobs compare)
         origin = None if multirun else process_started()
-        results = execute(cfg, run_dir, strategy=strategy, worker=worker, origin=origin)
-        if scratch is None:
-            run_dir.write_results(results)
-            log.info("results: %s", run_dir.results_json)
-        outcome = results
+        results = execute(cfg, run_dir, strategy=strategy, worker=worker, origin=origin,
+                          stop=stop)
+        with stop.during(FINISH):
+            if scratch is None:
+                run_dir.write_results(results)
+                log.info("results: %s", run_dir.results_json)
+            outcome = results
+            if session is not None:
+                session.finish(results)
+                session = run_dir.tracker = None
         return Results(out, results, objective_value(results, cfg.objective))
     except RunDirBusy as e:  # another job's directory: change nothing in it
         run_dir.restore_hydra()
         print(f"error: {e}", file=sys.stderr)
         return Results(out, exit_code=USER_ERROR, error=str(e))
-    except Interrupted as e:  # results.json (status interrupted) and a checkpoint are written
-        log.error(str(e))
-        outcome = run_dir.read_results() or {"status": "interrupted"}
-        return Results(out, outcome, exit_code=128 + e.signum, error=str(e))
+    except (Interrupted, Signalled) as e:  # a signal: what the job finished is kept
+        stopped = e if isinstance(e, Interrupted) else stop.interrupted(e.signum)
+        log.error(str(stopped))
+        outcome = _interrupted_results(stopped, results, cfg, started)
+        if owned and scratch is None:
+            if stopped.results is None and results is None:  # set-up: never over a completed
+                run_dir.record_failure(outcome)
+            else:
+                run_dir.write_results(outcome)
+        return Results(out, outcome, exit_code=128 + stopped.signum, error=str(stopped))
     except Exception as e:  # noqa: BLE001 - every failure is reported the same way
         user_error = isinstance(e, DistlabError)
         # a DistlabError is one line (when TensorFlow traced the code it came from, without
@@ -235,9 +257,21 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             session.finish(outcome or {"status": "failed", "error": "the job did not finish"})
             run_dir.tracker = None
         logging_to.close()
+        signals.close()
         run_dir.unlock()
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _interrupted_results(stopped: Interrupted, results: dict[str, Any] | None,
+                         cfg: DictConfig, started: float) -> dict[str, Any]:
+    """results.json of a job a signal stopped: the runner's record of what it finished, or
+    the completed results (the tracker's close was cut short), or the config's fields."""
+    if stopped.results is not None:
+        return stopped.results
+    base = results or {k: v for k, v in failed_results(cfg, "", started).items()
+                       if k != "error"}
+    return {**base, "status": "interrupted", "interrupted_stage": stopped.stage}
 
 
 def _check_interpolations(cfg: DictConfig) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import shutil
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -43,7 +45,7 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
     archive.track(model)
     for endpoint in ("serve", "serving_default"):
         archive.add_endpoint(endpoint, serve, input_signature=[spec])
-    archive.write_out(path, verbose=False)
+    _write_whole(archive, exp.run_dir.saved_model)
     raw = next(iter(batched(data.raw_test, 32)))[0]
     expected = _flat(model(data.preprocess(raw), training=False))
     plain = tf.saved_model.load(path)
@@ -67,6 +69,24 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
     log.info("exported %s: serving_default takes raw inputs %s (reloaded with and without "
              "the strategy, max abs diff %.2g)", path, describe_inputs(data.raw_input), diff)
     return {"saved_model": "saved_model", "export_max_abs_diff": diff}
+
+
+def _write_whole(archive: keras.export.ExportArchive, path: Path) -> None:
+    """Write the SavedModel beside `path`, then put it in place: an export cut short (a
+    signal, a full disk) leaves the previous one, or none, never half of one."""
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        archive.write_out(str(partial), verbose=False)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+    partial.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _flat(outputs: Any) -> list[np.ndarray]:

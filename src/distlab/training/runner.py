@@ -23,7 +23,15 @@ from distlab.components import optimizers, strategies
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.distribute import multi_worker
 from distlab.distribute.cluster import Worker
-from distlab.distribute.preemption import Interrupted, stop_on_signals
+from distlab.distribute.preemption import (
+    BEST_TEST,
+    EVALUATION,
+    EXPORT,
+    FINAL_EVALUATION,
+    TRAINING,
+    Interrupted,
+    StopRequest,
+)
 from distlab.errors import DistlabError
 from distlab.launch.results import TRAINED, objective_fields
 from distlab.launch.run_dir import RunDir
@@ -88,19 +96,23 @@ def connect(cfg: DictConfig, results_json: Path | None = None,
 
 
 def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy | None = None,
-            worker: Worker | None = None, origin: float | None = None) -> dict[str, Any]:
+            worker: Worker | None = None, origin: float | None = None,
+            stop: StopRequest | None = None) -> dict[str, Any]:
     """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json.
-    `origin`: when the clock of time_to_target_s started (default: now)."""
+    `origin`: when the clock of time_to_target_s started (default: now). `stop`: the job's
+    signal flag (`distribute.preemption.stop_on_signals`), which names each stage."""
     started = time.time()
     quiet_libraries()
     try:
-        return _execute(cfg, run_dir, strategy, worker or Worker(), origin or started, started)
+        return _execute(cfg, run_dir, strategy, worker or Worker(), origin or started, started,
+                        StopRequest() if stop is None else stop)
     finally:
         keras.mixed_precision.set_dtype_policy("float32")  # the next in-process job's default
 
 
 def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy | None,
-             worker: Worker, origin: float, started: float) -> dict[str, Any]:
+             worker: Worker, origin: float, started: float, stop: StopRequest
+             ) -> dict[str, Any]:
     strategy = strategy or connect(cfg)
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
@@ -118,8 +130,8 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
                 f"loop.name={cfg.loop.name!r} built a {type(loop).__name__}, not a loop: "
                 "register a distlab.Loop subclass (it implements train_step)")
         checkpoints = Checkpoints(exp, loop.state())
-        return (_evaluate(exp, loop, checkpoints) if cfg.mode == "evaluate"
-                else _train(exp, loop, checkpoints, user_callbacks))
+        return (_evaluate(exp, loop, checkpoints, stop) if cfg.mode == "evaluate"
+                else _train(exp, loop, checkpoints, user_callbacks, stop))
     except tf.errors.UnimplementedError as e:
         if (refusal := _no_deterministic_xla(e, cfg)) is None:
             raise
@@ -179,13 +191,48 @@ def _policy(model: keras.Model, configured: str) -> str:
 
 
 def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
-           user_callbacks: dict[str, keras.callbacks.Callback]) -> dict[str, Any]:
+           user_callbacks: dict[str, keras.callbacks.Callback],
+           stop: StopRequest) -> dict[str, Any]:
     initial_epoch, skip_steps = checkpoints.resume()
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     controller = Controller(exp, loop, checkpoints, user_callbacks)
+    controller.stop = stop  # polled between steps; every other stage is cut short at once
+    try:
+        _train_epochs(exp, controller, checkpoints, initial_epoch, skip_steps, stop)
+    except Interrupted as e:  # the job writes e.results
+        epoch, step = checkpoints.position
+        e.results = _results(exp, epoch, status="interrupted", interrupted_stage=e.stage,
+                             steps_in_epoch=step, checkpoint=checkpoints.latest)
+        raise
+    # the figures so far, kept in results.json if a signal cuts a stage short
+    done: dict[str, Any] = _throughput(exp, controller)
+    try:
+        with stop.during(FINAL_EVALUATION):
+            done.update(_final_figures(loop))
+        if exp.cfg.trainer.export:
+            with stop.during(EXPORT):
+                done.update(export_and_check(exp))
+        done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
+        if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
+            # last: it replaces the final model's weights with the best epoch's
+            with stop.during(BEST_TEST):
+                checkpoints.restore_model(done["best_checkpoint"])
+                best = _prefixed("best_test", loop.evaluate("test"))
+            done.update(best)
+            log.info("checkpoints/best (epoch %d): %s", done["best_epoch"], _figures(best))
+    except Interrupted as e:
+        e.results = _results(exp, checkpoints.position[0], **done, status="interrupted",
+                             interrupted_stage=e.stage, checkpoint=checkpoints.latest)
+        raise
+    return _results(exp, checkpoints.position[0], **done, checkpoint=checkpoints.latest)
+
+
+def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoints,
+                  initial_epoch: int, skip_steps: int, stop: StopRequest) -> None:
+    """The training stage: the Controller's epochs, from the resumed position."""
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
-    with stop_on_signals(sigterm=not exp.worker.multi_worker) as controller.stop, \
+    with stop.during(TRAINING, polled=True), \
             tempfile.TemporaryDirectory(prefix="distlab-preemption-") as scratch:
         if exp.worker.multi_worker:
             controller.preemption = multi_worker.preemption_handler(
@@ -194,34 +241,25 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
             if exp.monitors.stopped:
                 log.info("training ended early at epoch %d; not training further",
                          checkpoints.position[0])
+            elif initial_epoch >= exp.cfg.trainer.epochs and not skip_steps:
+                log.info("training is done (%d epoch(s)); completing the run's other stages",
+                         initial_epoch)
             else:
                 controller.train(initial_epoch, skip_steps)
             optimizers.apply_leftover_gradients(exp.optimizer, exp.strategy,
                                                 checkpoints.save_again)
-        except Interrupted:
-            epoch, step = checkpoints.position
-            exp.run_dir.write_results(_results(exp, epoch, status="interrupted",
-                                               steps_in_epoch=step,
-                                               checkpoint=checkpoints.latest))
-            raise
         finally:
             controller.close()
-    figures = _final_figures(loop)
-    exported = export_and_check(exp) if exp.cfg.trainer.export else {}
-    monitored = exp.monitors.results(exp.origin, checkpoints.best_latest)
-    if exp.cfg.trainer.best_checkpoint.test and monitored.get("best_checkpoint"):
-        # last: it replaces the final model's weights with the best epoch's
-        checkpoints.restore_model(monitored["best_checkpoint"])
-        monitored.update(_prefixed("best_test", loop.evaluate("test")))
-        log.info("checkpoints/best (epoch %d): %s", monitored["best_epoch"], _figures(
-            {k: v for k, v in monitored.items() if k.startswith("best_test_")}))
-    return _results(
-        exp, checkpoints.position[0], **figures,
-        **controller.throughput(),
-        **monitored,
-        checkpoint=checkpoints.latest,
-        **exported,
-    )
+
+
+def _throughput(exp: Experiment, controller: Controller) -> dict[str, Any]:
+    """The throughput fields; a rerun that trained nothing (a stage after training was cut
+    short) keeps those of the attempt that trained."""
+    own = controller.throughput()
+    if controller.first_step_at is None:
+        previous = exp.run_dir.read_results() or {}
+        own.update({k: previous[k] for k in own if previous.get(k) is not None})
+    return own
 
 
 def _final_figures(loop: Loop) -> dict[str, float | None]:
@@ -248,12 +286,15 @@ def _warn_if_nothing_to_learn(exp: Experiment, first_step: int) -> None:
                     exp.cfg.schedule.name)
 
 
-def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str, Any]:
+def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
+              stop: StopRequest) -> dict[str, Any]:
     prefix = checkpoints.restore_model(exp.cfg.ckpt_path)
     if prefix:
         _warn_if_other_precision(exp, prefix)
     log.info("restored %s", prefix or "the chief's checkpoint")
-    return _results(exp, checkpoints.position[0], **_final_figures(loop), checkpoint=prefix,
+    with stop.during(EVALUATION):
+        figures = _final_figures(loop)
+    return _results(exp, checkpoints.position[0], **figures, checkpoint=prefix,
                     train_examples_per_sec=None, learning_rate=None, steps_per_epoch=None,
                     trained=trained_with(prefix) if prefix else None)
 

@@ -1,0 +1,70 @@
+"""`python tests/gate.py ARGS` is `python run.py ARGS` with a test-only gate, so a test can
+signal or kill the run at a chosen point whatever the speed of the machine.
+
+Set in the environment:
+- DISTLAB_TEST_GATE: where to stop and wait: `step:E:S` (after S steps of epoch E, 0-based,
+  before the step's end is handled: its stop check, its callbacks) or `stage:NAME` (once
+  the job's stage NAME has begun: `final evaluation`, `export`, ...; see
+  distlab.distribute.preemption).
+- DISTLAB_TEST_GATE_DIR: the gate writes `reached` there, then waits until the test has
+  written `released` (after sending its signal). A signal that cuts the stage short ends
+  the wait as it ends the stage.
+- DISTLAB_TEST_STEP_SLEEP (optional): seconds every step's end sleeps: a slow machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+EXPIRY_S = 300  # a gate never released (its test died) ends the run
+
+
+def wait_at_gate(folder: Path) -> None:
+    """Say the gate is reached, then wait for the test's release."""
+    (folder / "reached").write_text(str(os.getpid()))
+    expiry = time.monotonic() + EXPIRY_S
+    while not (folder / "released").exists():
+        if time.monotonic() > expiry:
+            raise RuntimeError("test gate: never released")
+        time.sleep(0.01)
+
+
+def install() -> None:
+    """Patch the Controller's step end or the stop request's stages as the environment says."""
+    from distlab.distribute.preemption import StopRequest
+    from distlab.training.controller import Controller
+
+    gate, folder = os.environ.get("DISTLAB_TEST_GATE"), os.environ.get("DISTLAB_TEST_GATE_DIR")
+    pause = float(os.environ.get("DISTLAB_TEST_STEP_SLEEP", "0"))
+    kind, _, where = (gate or "").partition(":")
+    step_end, during = Controller.step_end, StopRequest.during
+
+    def gated_step_end(self, epoch: int, steps_done: int, loss: float) -> None:
+        if pause:
+            time.sleep(pause)
+        if kind == "step" and f"{epoch}:{steps_done}" == where:
+            wait_at_gate(Path(folder))
+        step_end(self, epoch, steps_done, loss)
+
+    @contextlib.contextmanager
+    def gated_during(self, stage: str, polled: bool = False):
+        with during(self, stage, polled):
+            if kind == "stage" and stage == where:
+                wait_at_gate(Path(folder))
+            yield
+
+    Controller.step_end = gated_step_end
+    StopRequest.during = gated_during
+
+
+if __name__ == "__main__":
+    install()
+    from distlab.cli import main
+
+    main(config_path=str(ROOT / "conf"))

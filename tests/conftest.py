@@ -233,6 +233,72 @@ def run_once(tiny_data_dir, tmp_path_factory):
     return _run
 
 
+def run_command(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, bool]:
+    """`python run.py ARGS` in a fresh interpreter: the process (its exit status is the
+    command's) and whether TensorFlow was imported by the time the command ended (what a
+    refusal "before TensorFlow" means, whatever the machine's speed)."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['run.py', *{list(args)!r}]\n"
+        "status = 0\n"
+        "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+        "except SystemExit as e:\n    status = e.code\n"
+        "print('TENSORFLOW_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TENSORFLOW',\n"
+        "      file=sys.stderr)\n"
+        "sys.exit(status)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=timeout)
+    tensorflow = out.stderr.rstrip().splitlines()[-1:]
+    assert tensorflow in (["TENSORFLOW_IMPORTED"], ["NO_TENSORFLOW"]), out.stdout + out.stderr
+    out.stderr = out.stderr.rstrip().rpartition("\n")[0]  # without the marker line
+    return out, tensorflow == ["TENSORFLOW_IMPORTED"]
+
+
+class _RefuseRunner:
+    """A finder that refuses `distlab.training.runner` (the module that imports TensorFlow
+    and loads the data) and records that a job asked for it."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "distlab.training.runner":
+            self.asked = True
+            raise ImportError("distlab.training.runner imported before the refusal")
+        return None
+
+
+def refusal_in_process(out: Path, *overrides: str) -> str:
+    """The error of a job this process runs as `python run.py OVERRIDES` would (composition
+    with Hydra's error turned into distlab's one line, then `distlab.run`), asserting it is
+    refused before distlab's TensorFlow side is imported (in a process that already has
+    TensorFlow: so without timing the command)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    import distlab
+    from distlab.errors import composition_error
+
+    try:
+        cfg = compose(list(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        return composition_error(e)
+    guard = _RefuseRunner()
+    saved = sys.modules.pop("distlab.training.runner", None)
+    sys.meta_path.insert(0, guard)
+    try:
+        results = distlab.run(cfg, output_dir=out)
+    finally:
+        sys.meta_path.remove(guard)
+        if saved is not None:
+            sys.modules["distlab.training.runner"] = saved
+    assert not guard.asked, f"{overrides}: TensorFlow's side imported before the refusal"
+    assert results.exit_code == 2, (results.exit_code, results.error)
+    assert "\n" not in results.error and "Traceback" not in results.error, results.error
+    return results.error
+
+
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
             ) -> subprocess.CompletedProcess:
     """`python run.py ARGS` from the repository root."""

@@ -5,13 +5,14 @@ in this process, on one CPU device as run.py's)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides, run_cli
+from conftest import ROOT, Gated, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
@@ -29,17 +30,12 @@ def _epochs(run_dir: Path) -> list[int]:
     return [int(line.split(",")[0]) for line in history.read_text().splitlines()[1:]]
 
 
-def _kill_after_rows(args: list[str], run_dir: Path, rows: int, timeout: float = 180) -> None:
-    proc = _start(*args)
-    try:
-        deadline = time.time() + timeout
-        while len(_epochs(run_dir)) < rows:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.time() < deadline, "timed out waiting for history rows"
-            time.sleep(0.05)
-    finally:
-        proc.kill()
-        proc.wait()
+def _kill_at(args: list[str], run_dir: Path, gate: str) -> None:
+    """`python run.py ARGS`, killed (SIGKILL) when it reaches `gate` (tests/gate.py)."""
+    with Gated(args, run_dir, gate, run_dir.parent / f"{run_dir.name}-gate") as killed:
+        killed.wait()
+        killed.signal(signal.SIGKILL)
+        assert killed.finish()[0] == -signal.SIGKILL
 
 
 def _results(run_dir: Path) -> dict:
@@ -62,7 +58,8 @@ def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_p
     assert _checkpoints(a) == ["ckpt-30", "ckpt-60", "ckpt-90"]  # not 35/70/90
     assert _epochs(a) == [1, 2, 3]
 
-    _kill_after_rows([*args, f"hydra.run.dir={b}"], b, rows=1)
+    _kill_at(args, b, "step:1:14")  # mid-epoch 2, after its second block of 7
+    assert _epochs(b) == [1]
     assert run_inprocess(*training, out=b)["status"] == "completed"
     assert _epochs(b) == [1, 2, 3]
     assert _results(b)["test_loss"] == pytest.approx(_results(a)["test_loss"], abs=1e-6)
@@ -80,8 +77,8 @@ def test_kill_before_the_first_checkpoint_then_rerun(tiny_data_dir, tmp_path, ru
     # killed as epoch 3 (50 steps) starts: no checkpoint yet (the first would be its last)
     training = ["loop=custom", "trainer.epochs=3", "trainer.steps_per_epoch=50",
                 "trainer.checkpoint_every=5", "strategy.cpu_devices=1"]
-    _kill_after_rows([*fast_overrides(tiny_data_dir), *training, f"hydra.run.dir={tmp_path}"],
-                     tmp_path, rows=2)
+    _kill_at([*fast_overrides(tiny_data_dir), *training], tmp_path, "step:2:10")
+    assert _epochs(tmp_path) == [1, 2]
     assert not _checkpoints(tmp_path)
     assert run_inprocess(*training, out=tmp_path)["status"] == "completed"
     assert _epochs(tmp_path) == [1, 2, 3]
@@ -131,9 +128,7 @@ def test_one_job_per_run_directory(tiny_data_dir, tmp_path, run_inprocess):
         while not (lock.exists() and lock.read_text()):  # the first run holds the directory
             assert first.poll() is None and time.time() < deadline
             time.sleep(0.05)
-        started = time.time()
-        second = run_cli(*args, timeout=60)
-        assert time.time() - started < 5
+        second = run_cli(*args, timeout=60)  # refused at once: it does not wait for the lock
         text = second.stdout + second.stderr
         assert second.returncode != 0 and f"pid {first.pid}" in text and str(tmp_path) in text
         assert "Traceback" not in text

@@ -201,8 +201,10 @@ def test_entry_points_load_once_and_fail_in_one_line(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_plugin_errors_are_one_line_and_fast(tmp_path):
-    """The four plug-in errors through `python run.py`: one line each, within 5 s of start."""
+def test_cli_plugin_errors_are_one_line_before_tensorflow(tmp_path):
+    """The four plug-in errors through `python run.py`: one line each, exit 2, before
+    TensorFlow is imported. The command's time is printed (a smoke figure, not asserted:
+    it depends on the machine and its load)."""
     (tmp_path / "user_raises.py").write_text("raise RuntimeError('broken module')\n")
     (tmp_path / "user_twice.py").write_text(
         "import distlab\ndistlab.register('model', 'cnn', lambda c, s, o: 1)\n")
@@ -214,16 +216,20 @@ def test_cli_plugin_errors_are_one_line_and_fast(tmp_path):
     }
     for override, expected in cases.items():
         start = time.time()
-        out = subprocess.run([sys.executable, str(ROOT / "run.py"), override,
-                              f"hydra.run.dir={tmp_path / 'out'}"], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=60)
-        elapsed = time.time() - start
+        code = ("import runpy, sys\n"
+                f"sys.argv = [{str(ROOT / 'run.py')!r}, {override!r}, "
+                f"'hydra.run.dir={tmp_path / 'out'}']\n"
+                "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+                "finally:\n    print('tensorflow' in sys.modules, file=sys.stderr)\n")
+        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+        print(f"{override}: refused in {time.time() - start:.1f} s")
+        assert out.stderr.rstrip().splitlines()[-1] == "False", out.stderr[-2000:]
         errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines()
                   if "ERROR" in line or line.startswith("error")]
         assert out.returncode == 2 and len(errors) == 1 and expected in errors[0], (
             override, out.stdout[-2000:], out.stderr[-2000:])
         assert "Traceback" not in out.stderr + out.stdout
-        assert elapsed < 5, (override, elapsed)
 
 
 def test_cpu_devices_error_names_what_started_tensorflow(monkeypatch):

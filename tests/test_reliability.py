@@ -7,35 +7,17 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, fast_overrides, run_cli, signal_at
+from conftest import ROOT, Gated, fast_overrides, run_cli, signal_at
 
 pytestmark = pytest.mark.slow
-
-
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _rows(run_dir: Path) -> int:
     history = run_dir / "history.csv"
     return max(0, len(history.read_text().splitlines()) - 1) if history.exists() else 0
-
-
-def _wait_rows(proc: subprocess.Popen, run_dir: Path, rows: int, timeout: float = 180) -> None:
-    """Until `rows` history rows and the checkpoint saved after the last of them exist (a
-    signal sent then lands in the next epoch however slow the machine is)."""
-    deadline = time.time() + timeout
-    while _rows(run_dir) < rows or len(list(run_dir.glob("checkpoints/ckpt-*.index"))) < rows:
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.time() < deadline, "timed out waiting for history rows"
-        time.sleep(0.05)
 
 
 def _results(run_dir: Path) -> dict:
@@ -86,12 +68,14 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
     uninterrupted = run_inprocess(*_training(loop, *extra), *callback[:2], out=a)
     calls.unlink(missing_ok=True)
 
-    for run_dir, rows, delay in ((c, 1, 0.4),):  # mid-epoch 2 (the rerun retrains epoch 2)
-        proc = _start(*_args(tiny_data_dir, loop, run_dir, *extra, *callback))
-        _wait_rows(proc, run_dir, rows)
-        time.sleep(delay)
-        proc.kill()
-        proc.wait()
+    for run_dir in (c,):  # killed at step 60 of epoch 2 (the rerun retrains epoch 2)
+        gate = tmp_path / "gate"
+        with Gated([*fast_overrides(tiny_data_dir), *_training(loop, *extra), *callback],
+                   run_dir, "step:1:60", gate) as killed:
+            killed.wait()
+            killed.signal(signal.SIGKILL)
+            assert killed.finish()[0] == -signal.SIGKILL
+        assert _rows(run_dir) == 1
         out = run_cli(*_args(tiny_data_dir, loop, run_dir, *extra, *callback))
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         resumed = _results(run_dir)

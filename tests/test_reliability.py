@@ -288,3 +288,32 @@ def test_unwritable_output_dir_and_bad_data_dir(tiny_data_dir, tmp_path):
     out = run_cli(f"dataset.data_dir={blocker}", f"hydra.run.dir={tmp_path / 'r'}", timeout=60)
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "dataset.data_dir" in text and "Traceback" not in text
+
+
+def test_a_signal_while_the_run_finishes_marks_its_tracker_run_killed_then_the_rerun_ends_it(
+        tiny_data_dir, tmp_path, run_inprocess):
+    """SIGTERM as the finish begins (results.json, then the tracker's close): the MLflow run
+    is KILLED, results.json interrupted at `finish` with every figure; the rerun trains
+    nothing and ends the MLflow run FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    training = ["strategy=default", "trainer.steps_per_epoch=3", "model=mlp",
+                "model.hidden_units=[16]", "logger=mlflow", f"logger.tracking_uri={store}"]
+    run_dir = tmp_path / "run"
+    returncode, output = signal_at([*fast_overrides(tiny_data_dir), *training], run_dir,
+                                   "stage:finish")
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    cut = _results(run_dir)
+    assert (cut["status"], cut["interrupted_stage"]) == ("interrupted", "finish")
+    assert cut["test_loss"] is not None and cut["epochs_completed"] == 2
+    client = MlflowClient(store)
+    [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+    assert run.info.status == "KILLED"
+
+    done = run_inprocess(*training, out=run_dir)
+    assert done["status"] == "completed"
+    assert done["test_loss"] == pytest.approx(cut["test_loss"], abs=1e-6)
+    [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]

@@ -39,7 +39,7 @@ class Field:
 WRITTEN_BY = {"every": "every run, failed ones too", "failed": "failed runs",
               "done": "completed and interrupted runs", "completed": "completed runs",
               "train": "completed training runs", "evaluate": "evaluations",
-              "optional": "when its option applies"}
+              "optional": "when its option applies", "interrupted": "interrupted runs"}
 FIELDS: tuple[Field, ...] = (
     Field("status", "completed, interrupted or failed", "every"),
     Field("error", "a failed run's one-line error", "failed"),
@@ -105,6 +105,9 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint", "the latest checkpoint's prefix (an evaluation: the one evaluated)",
           "done"),
     Field("steps_in_epoch", "an interrupted run's steps into its next epoch", "optional"),
+    Field("interrupted_stage", "the stage a signal cut short: set-up, training, final "
+          "evaluation, export, best-checkpoint test, finish (writing results.json, closing the "
+          "tracker's run) or evaluation", "interrupted"),
     Field("saved_model", "saved_model, when trainer.export is true", "optional"),
     Field("export_max_abs_diff", "the reloaded SavedModel's largest difference from the "
           "trained model on raw test inputs", "optional"),

@@ -25,7 +25,7 @@ from distlab.distribute import multi_worker
 from distlab.distribute.cluster import Worker
 from distlab.distribute.preemption import Interrupted, stop_on_signals
 from distlab.errors import DistlabError
-from distlab.launch.results import TRAINED, objective_fields
+from distlab.launch.results import TRAINED, objective_fields, with_objective_value
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
 from distlab.training import callbacks, experiment
@@ -147,7 +147,7 @@ def _no_deterministic_xla(error: tf.errors.OpError, cfg: DictConfig) -> DistlabE
 def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, Any]:
     cfg, data = exp.cfg, exp.data
     batch = effective_batch_size(cfg, data.global_batch_size)
-    return {
+    results = {
         "status": "completed",
         "mode": cfg.mode,
         "loop": cfg.loop.name,
@@ -170,6 +170,7 @@ def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, 
         **extra,
         "wall_time_s": time.time() - exp.started,
     }
+    return with_objective_value(results)
 
 
 def _policy(model: keras.Model, configured: str) -> str:

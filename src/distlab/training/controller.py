@@ -179,6 +179,7 @@ class Controller:
             self.first_step_at = now
             log.info("time to first step: %.1f s", self.first_step_at - self.exp.started)
         started, before = self._mark
+        self.checkpoints.trained_steps.assign_add(steps_done - before)  # the ckpt-N number
         self.intervals.append(Interval(epoch, steps_done - before, self._examples(steps_done)
                                        - self._examples(before), now - started))
         self._mark = (now, steps_done)

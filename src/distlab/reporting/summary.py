@@ -252,8 +252,8 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
     efficiency = scaling_efficiency(jobs, swept)
     target = has_target(jobs)
     headers = ["job", "overrides", "status", "batch/replica", "global batch",
-               "effective batch", "replicas", "learning rate (effective)",
-               "objective value", *(f.replace("_", " ") for f in fields), "examples/sec", "per replica",
+               "effective batch", "replicas", "learning rate (effective)", "objective value",
+               *(f.replace("_", " ") for f in fields), "examples/sec", "per replica",
                *(["scaling efficiency"] if efficiency else []),
                *(["time to target (s)", "epochs to target"] if target else []),
                "wall time (s)", "error"]

@@ -264,6 +264,9 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints) -> dict[str
 
 # what decides which rows of a dataset are trained on, and which validate
 SPLIT_KEYS = ("train_split", "validation", "validation_seed")
+# keys a run dir without a record of its rows is not held to: where the data is read from,
+# and which features are the input and the label, leave the rows where they are
+NOT_DECIDING = ("name", "data_dir", "features")
 
 
 def check_evaluation_splits(cfg: DictConfig) -> None:
@@ -289,7 +292,8 @@ def check_evaluation_splits(cfg: DictConfig) -> None:
         before = fingerprint.row_keys(trained)
         after = fingerprint.row_keys(OmegaConf.to_container(cfg.dataset, resolve=True))
         keys += [k.removeprefix("dataset.") for k in sorted(before) if k in after
-                 and before[k] != after[k] and k.removeprefix("dataset.") not in keys]
+                 and before[k] != after[k] and k.removeprefix("dataset.") not in keys
+                 and k.removeprefix("dataset.").split(".", 1)[0] not in NOT_DECIDING]
     differ = [f"dataset.{k}={fingerprint.override(trained[k])}" for k in keys]
     if differ:
         raise DistlabError(

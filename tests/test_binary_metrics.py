@@ -125,7 +125,7 @@ def test_a_metric_made_outside_any_scope_is_copied_into_it():
         assert all(type(v.value).__name__ == "SyncOnReadVariable" and v.aggregation == "sum"
                    for v in obj.variables)
     assert metrics.size == 4 * 200  # TP, FP, TN, FN at 200 thresholds
-    assert metrics.results(np.zeros(metrics.size)) == [0.0]
+    assert metrics.results(np.zeros(metrics.size)) == [None]  # no rows: AUC is undefined
 
 
 def tasks_build_normalises(task) -> None:
@@ -534,7 +534,9 @@ def test_monitors_and_objective_follow_each_stateful_metric_s_direction(binary_d
     assert results["test_log_loss"] == pytest.approx(results["test_loss"], rel=1e-4)
     assert results["best_metric"] == "val_log_loss"
     assert results["best_epoch"] == 1 + int(np.argmin(val_log_loss))
-    assert (out / "checkpoints" / "best" / f"ckpt-{results['best_epoch']}.index").exists()
+    steps = results["best_epoch"] * results["steps_per_epoch"]  # ckpt-<steps taken>
+    assert results["best_checkpoint"] == str(out / "checkpoints" / "best" / f"ckpt-{steps}")
+    assert (out / "checkpoints" / "best" / f"ckpt-{steps}.index").exists()
     reached = [i + 1 for i, v in enumerate(val_auc) if v >= 0.95]
     assert results["epochs_to_target"] == (reached[0] if reached else None)
     # early stopping on val_auc going up, patience 1: the first epoch that does not beat the best

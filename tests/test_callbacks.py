@@ -78,7 +78,15 @@ def test_a_callback_that_stops_training(loop, stop_step, run_inprocess, tmp_path
     assert "a callback stopped training at epoch 2 (model.stop_training)" in caplog.text
     assert results["status"] == "completed" and results["epochs_completed"] == 2
     assert results["stopped_early"] == {"epoch": 2, "reason": "callback"}
-    assert results["checkpoint"].endswith("ckpt-10")  # at that epoch's end: 2 x 5 steps
+    # numbered by the training steps the model took: keras_fit 5 + 2 (not 2 x 5), custom 10
+    import tensorflow as tf
+
+    steps = 5 + (stop_step or 5)
+    assert results["checkpoint"].endswith(f"/ckpt-{steps}")
+    reader = tf.train.load_checkpoint(results["checkpoint"])
+    iterations = [k for k in reader.get_variable_to_shape_map()
+                  if k.startswith("optimizer/") and "iterations" in k]
+    assert [int(reader.get_tensor(k)) for k in iterations] == [steps]  # the optimizer's step
     assert [r["epoch"] for r in _history(out)] == ["1", "2"]
     calls = [(hook, index) for hook, index, *_ in _calls(path)]
     last_batch = (stop_step or 5) - 1

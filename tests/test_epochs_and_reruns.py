@@ -65,6 +65,54 @@ def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_p
     assert _results(b)["test_loss"] == pytest.approx(_results(a)["test_loss"], abs=1e-6)
 
 
+def _old_numbering(monkeypatch) -> None:
+    """Checkpoints as distlab wrote them before they held their training steps: without
+    `trained_steps`, numbered epochs x steps_per_epoch + steps into the next epoch."""
+    import tensorflow as tf
+
+    from distlab.training import checkpoints
+
+    original = checkpoints.Checkpoints.__init__
+
+    def init(self, exp, extra=None):
+        original(self, exp, extra)
+        self.state.pop(checkpoints.TRAINED_STEPS)
+        self.checkpoint = tf.train.Checkpoint(**self.state)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(exp.run_dir.checkpoints),
+                                                  max_to_keep=exp.cfg.trainer.max_checkpoints)
+
+    monkeypatch.setattr(checkpoints.Checkpoints, "__init__", init)
+    monkeypatch.setattr(checkpoints.Checkpoints, "steps_taken", property(
+        lambda self: self.position[0] * self.exp.data.steps_per_epoch + self.position[1]))
+
+
+def test_checkpoints_are_numbered_by_training_steps_and_old_ones_resume(
+        run_inprocess, tmp_path, monkeypatch, caplog):
+    """ckpt-N holds the model after N training steps. A run dir whose checkpoints have the
+    old numbering (no trained_steps in them) resumes, mid-epoch, and goes on counting from
+    its last number; it ends where an uninterrupted run does."""
+    import logging
+
+    from conftest import stop_at
+
+    args = ("strategy=default", "trainer.steps_per_epoch=5", "trainer.epochs=3",
+            "deterministic=true", "seed=3", "trainer.validate_every=0")
+    whole = run_inprocess(*args, out=tmp_path / "a")
+    assert _checkpoints(tmp_path / "a") == ["ckpt-5", "ckpt-10", "ckpt-15"]
+    _old_numbering(monkeypatch)
+    stop_at(monkeypatch, epoch=1, step=3)  # as a SIGTERM: saved at step 3 of epoch 2
+    with pytest.raises(SystemExit):
+        run_inprocess(*args, out=tmp_path / "b")
+    assert _checkpoints(tmp_path / "b") == ["ckpt-5", "ckpt-8"]
+    monkeypatch.undo()
+    with caplog.at_level(logging.INFO, logger="distlab"):
+        resumed = run_inprocess(*args, out=tmp_path / "b")
+    assert "ckpt-8: 1 epoch(s) done, 3 step(s) into the next" in caplog.text
+    assert resumed["status"] == "completed" and resumed["checkpoint"].endswith("/ckpt-15")
+    assert _checkpoints(tmp_path / "b")[-2:] == ["ckpt-10", "ckpt-15"]
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+
+
 def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):
     run_inprocess("strategy=default", "loop.steps_per_execution=50",
                   "trainer.steps_per_epoch=20", out=tmp_path / "r")

@@ -10,6 +10,8 @@ replica count.
 from __future__ import annotations
 
 import csv
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,3 +222,74 @@ def test_an_evaluation_on_other_splits_than_the_training_run_is_refused(run_once
                          "model.hidden_units=[16]", "dataset.validation=null",
                          out=tmp_path / "same")
     assert same["val_loss"] is None and same["test_loss"] > 0
+    # the test split's rows differ (a tfds slice): found by the rows' fingerprints
+    out = tmp_path / "half"
+    with pytest.raises(SystemExit) as e:
+        run_inprocess("mode=evaluate", f"ckpt_path={run_dir}", "model=mlp",
+                      "model.hidden_units=[16]", "dataset.validation=null",
+                      "dataset.test_split='test[:50%]'", out=out)
+    assert e.value.code == 2
+    assert json.loads((out / "results.json").read_text())["error"] == (
+        f"ckpt_path={run_dir} was trained with dataset.test_split=test, and this evaluation "
+        "has dataset.test_split='test[:50%]': its test split would hold other rows than the "
+        "run's (rows it trained on, perhaps). Add dataset.test_split=test to evaluate on its "
+        "splits")
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tabular_project"
+
+
+@pytest.fixture
+def example(run_inprocess, monkeypatch):
+    """run_inprocess for examples/tabular_project's experiment=breast_cancer (its conf/ on
+    the search path, its package importable), 1 epoch of 3 steps on one device."""
+    pytest.importorskip("sklearn")
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+
+    def run(*overrides: str, out: Path) -> dict:
+        return run_inprocess(f"hydra.searchpath=[file://{EXAMPLE / 'conf'}]",
+                             "experiment=breast_cancer", "strategy=default", "trainer.epochs=1",
+                             "trainer.steps_per_epoch=3", *overrides, out=out)
+
+    return run
+
+
+def _refused(run, *overrides: str, out: Path) -> str:
+    with pytest.raises(SystemExit) as e:
+        run(*overrides, out=out)
+    assert e.value.code == 2
+    return json.loads((out / "results.json").read_text())["error"]
+
+
+@pytest.mark.slow
+def test_an_evaluation_on_moved_rows_or_with_other_preprocessing_is_refused(example,
+                                                                            tmp_path):
+    """The tabular example's own split key (dataset.split_seed) moves trained rows into the
+    test split: refused, naming the key, as is another dataset.preprocess (the model would
+    score other inputs). The same keys evaluate the training run's own test figures. A run
+    dir from before the rows' fingerprints is held to its dataset keys."""
+    trained = tmp_path / "train"
+    results = example(out=trained)
+    evaluate = ("mode=evaluate", f"ckpt_path={trained}")
+    error = _refused(example, *evaluate, "dataset.split_seed=7", out=tmp_path / "seed")
+    assert error == (
+        f"ckpt_path={trained} was trained with dataset.split_seed=0, and this evaluation has "
+        "dataset.split_seed=7: its train, validation and test splits would hold other rows "
+        "than the run's (rows it trained on, perhaps). Add dataset.split_seed=0 to evaluate "
+        "on its splits")
+    error = _refused(example, *evaluate, "dataset.preprocess.rescale=10.0",
+                     "dataset.preprocess.standardize=false", out=tmp_path / "rescale")
+    assert error == (
+        f"ckpt_path={trained} was trained with dataset.preprocess.rescale=null "
+        "dataset.preprocess.standardize=true, and this evaluation has "
+        "dataset.preprocess.rescale=10.0 dataset.preprocess.standardize=false: the model "
+        "would score inputs prepared otherwise than those it was trained on. Add "
+        "dataset.preprocess.rescale=null dataset.preprocess.standardize=true to evaluate with "
+        "its preprocessing")
+    same = example(*evaluate, out=tmp_path / "same")
+    for key in ("test_loss", "test_accuracy", "test_auc", "val_loss"):
+        assert same[key] == pytest.approx(results[key], abs=1e-6), key
+    (trained / ".distlab" / "splits.json").unlink()  # as a run dir of an earlier version
+    error = _refused(example, *evaluate, "dataset.split_seed=7", out=tmp_path / "old")
+    assert error.startswith(f"ckpt_path={trained} was trained with dataset.split_seed=0, and "
+                            "this evaluation's splits differ")

@@ -111,9 +111,14 @@ def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_
     assert maximize is False
     SweepSummary().summarise(tmp_path, maximize=maximize)
     rows = _summary(tmp_path)
-    assert list(rows[0])[len(LEADING):len(LEADING) + 3] == ["test_mae", "test_rmse", "test_loss"]
+    assert list(rows[0])[len(LEADING):len(LEADING) + 5] == [
+        "objective", "objective_value", "test_mae", "test_rmse", "test_loss"]
+    # the objective's name and each job's value of it, so nobody has to look the field up
+    assert [(r["objective"], float(r["objective_value"])) for r in rows] == [
+        ("test_mae", 0.7), ("test_mae", 0.5), ("test_mae", 0.9)]
     md = (tmp_path / "summary.md").read_text()
     assert "Best test_mae (min): 0.5 in job 1" in md and "test mae" in md
+    assert "Objective: `test_mae` (minimized)" in md and "| objective value |" in md
     _assert_png(tmp_path / "summary.png")
 
 
@@ -132,7 +137,8 @@ def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
 
     assert [j.num for j in failed] == [1, 2]
     rows = _summary(tmp_path)
-    assert list(rows[0]) == (LEADING + ["test_accuracy", "test_loss"] + TRAILING
+    assert list(rows[0]) == (LEADING + ["objective", "objective_value", "test_accuracy",
+                                        "test_loss"] + TRAILING
                              + ["dataset.batch_size_per_replica"])
     assert [r["status"] for r in rows] == ["completed", "failed", "missing"]
     assert rows[0]["learning_rate"] == "0.0005" and rows[0]["global_batch_size"] == "64"

@@ -135,6 +135,57 @@ def test_a_sweep_is_a_parent_run_with_a_child_per_job(tiny_data_dir, tmp_path, s
         "summary.csv", "summary.md"}
 
 
+def _sweep_job(sweep, num: int, overrides: list[str], swept: list[str],
+               params: dict | None = None):
+    """A job directory as Hydra's basic sweeper leaves it: the sweep's command-line
+    overrides in multirun.yaml, the job's own in .hydra/overrides.yaml."""
+    from distlab.launch.run_dir import RunDir
+
+    sweep.mkdir(exist_ok=True)
+    OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"task": swept}}}),
+                   sweep / "multirun.yaml")
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(overrides), job / ".hydra" / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": {"sweeper": {"params": params or {}}}}),
+                   job / ".hydra" / "hydra.yaml")
+    return RunDir(job)
+
+
+def test_a_sweep_s_child_run_is_named_by_its_swept_keys_first(tmp_path, store):
+    """Overrides longer than MLflow's 250-character run name: the child's name starts with
+    the swept values, whole, and every override is in the tag distlab.overrides."""
+    from distlab.tracking.session import Session
+
+    long_dir = f"dataset.data_dir={tmp_path / ('d' * 200)}"
+    common = [long_dir, "loop.verbose=0", "trainer.export=false", "trainer.epochs=1"]
+    cfg = OmegaConf.create({"name": "mlflow", "tracking_uri": store,
+                            "experiment_name": "named"})
+    sweep = tmp_path / "sweep"
+    given = {0: "0.001", 1: "0.0025"}
+    for num, rate in given.items():
+        overrides = [*common, f"optimizer.learning_rate={rate}",
+                     "dataset.batch_size_per_replica=32", f"logger.tracking_uri={store}"]
+        run_dir = _sweep_job(sweep, num, overrides,
+                             [*common, "optimizer.learning_rate=0.001,0.0025",
+                              f"logger.tracking_uri={store}"],
+                             params={"dataset.batch_size_per_replica": "32,64"})
+        session = Session(MlflowTracker(cfg), run_dir, {"job": num}, sweep_dir=sweep)
+        session.start()
+        session.finish({"status": "completed"})
+    children = [r for r in _runs(store, "named") if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 2
+    for run, rate in zip(sorted(children, key=lambda r: r.data.tags["distlab.run_dir"]),
+                         given.values(), strict=True):
+        name = run.info.run_name
+        assert len(name) == 250  # MLflow's longest
+        assert name.startswith(f"optimizer.learning_rate={rate} "
+                               "dataset.batch_size_per_replica=32 dataset.data_dir="), name
+        assert run.data.tags["distlab.overrides"] == " ".join(
+            [*common, f"optimizer.learning_rate={rate}", "dataset.batch_size_per_replica=32",
+             f"logger.tracking_uri={store}"])
+
+
 JOB = """
 import sys
 from pathlib import Path

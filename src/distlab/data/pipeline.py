@@ -68,6 +68,7 @@ class Data:
     augment: Callable | None = None  # (input, seed) -> input, train split only
     input_spec: Any = None  # the model's inputs per example: a tf.TensorSpec, tuple or dict
     standardize: tuple[str, ...] = ()  # inputs dataset.preprocess.standardize normalises
+    splits: Any = None  # the RawSplits as the source gave them (their rows' fingerprints)
 
     def train_inputs(self, batch_size: int = ADAPT_BATCH) -> tf.data.Dataset:
         """The training split's model inputs (no labels), preprocessed, unshuffled, in
@@ -307,6 +308,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         augment=make_augment(cfg.augment, train.element_spec[0]),
         input_spec=named_specs(train.element_spec[0]),
         standardize=standardized_inputs(cfg.preprocess, raw_input),
+        splits=splits,
     )
 
 

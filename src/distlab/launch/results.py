@@ -60,11 +60,13 @@ FIELDS: tuple[Field, ...] = (
           trained=True),
     Field("epochs_completed", "epochs trained so far (an evaluation: the checkpoint's)", "done",
           objective=True, trained=True),
-    Field("objective", "the field a sweeper gets: `objective=`, else the task's first "
-          "validation metric (never a test_ field); null with dataset.validation=null and no "
-          "`objective=`", "done"),
+    Field("objective", "the name of the field a sweeper gets (its value: "
+          "`objective_value`): `objective=`, else the task's first validation metric (never a "
+          "test_ field); null with dataset.validation=null and no `objective=`", "done"),
     Field("objective_direction", "maximize or minimize: how the objective ranks (null: no "
           "objective)", "done"),
+    Field("objective_value", "the value of that field in this results.json (null: no "
+          "objective, or its figure is null)", "done"),
     Field("validation", "where the validation figures come from: a tfds split or slice, "
           "`<fraction> of <train split>` held out, `DataSplits.validation`, or null (none)",
           "done"),
@@ -146,6 +148,21 @@ def objective_value(results: dict[str, Any], objective: str | None) -> float | N
     field = objective or results.get("objective")
     value = results.get(field) if field else None
     return float(value) if value is not None else None
+
+
+def with_objective_value(results: dict[str, Any]) -> dict[str, Any]:
+    """`results` with `objective_value` (the value of the field `objective` names) after
+    `objective_direction`."""
+    out: dict[str, Any] = {}
+    for key, value in results.items():
+        if key != "objective_value":
+            out[key] = value
+        if key == "objective_direction":
+            out["objective_value"] = None
+    field = results.get("objective")
+    value = results.get(field) if field else None
+    out["objective_value"] = value if finite(value) else None
+    return out
 
 
 def objective_fields(name: str | None, higher: Mapping[str, bool],

@@ -11,6 +11,7 @@ import csv
 import fcntl
 import json
 import math
+import numbers
 import os
 import shutil
 import socket
@@ -203,10 +204,14 @@ class RunDir:
 
 
 def _fmt(value: Any) -> Any:
+    """A history.csv cell: empty for None (not measured, or undefined), a float at full
+    precision (its shortest round-trip repr, so `float(cell)` gives the value back)."""
     if value is None:
         return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return repr(float(value))
     return value
 
 

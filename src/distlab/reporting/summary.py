@@ -4,7 +4,8 @@ When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
 `results.json` and writes into the sweep dir:
 
     summary.csv   one row per job (job, overrides, status, batch sizes, effective learning
-                  rate, test metrics, steady examples/sec with its spread and per replica,
+                  rate, the objective and its value, validation and test metrics, steady
+                  examples/sec with its spread and per replica,
                   scaling efficiency, time to target, wall time, error), plus one column
                   per swept key
     summary.md    the same as a Markdown table
@@ -46,6 +47,8 @@ LEADING = ["job", "overrides", "status", "batch_size_per_replica", "global_batch
 THROUGHPUT = ["train_examples_per_sec", "train_examples_per_sec_std",
               "train_examples_per_sec_per_replica", "scaling_efficiency"]
 TARGET = ["time_to_target_s", "epochs_to_target"]
+# the field the sweep ranks by (its name) and each job's value of it
+OBJECTIVE = ["objective", "objective_value"]
 TRAILING = [*THROUGHPUT, *TARGET, "wall_time_s", "error"]
 # the figure fields when no job reported any
 CLASSIFICATION = ["val_accuracy", "val_loss", "test_accuracy", "test_loss"]
@@ -68,7 +71,7 @@ def figure_fields(jobs: Sequence[Job]) -> list[str]:
 
 
 def columns(jobs: Sequence[Job]) -> list[str]:
-    return LEADING + figure_fields(jobs) + TRAILING
+    return LEADING + OBJECTIVE + figure_fields(jobs) + TRAILING
 
 
 def metrics(jobs: Sequence[Job]) -> list[str]:
@@ -196,14 +199,18 @@ def parse_value(text: str | None) -> bool | int | float | str | None:
 # --------------------------------------------------------------------------- tables
 
 
-def rows(jobs: Sequence[Job], swept: Sequence[str]) -> list[dict[str, Any]]:
-    """One summary row per job: `columns(jobs)`, then one column per swept key."""
+def rows(jobs: Sequence[Job], swept: Sequence[str], objective: str = "") -> list[dict[str, Any]]:
+    """One summary row per job: `columns(jobs)`, then one column per swept key. `objective`:
+    the field the sweep ranks by (empty: each job's own `objective`)."""
     table = []
     efficiency = scaling_efficiency(jobs, swept)
     for job in jobs:
         row: dict[str, Any] = {key: job.results.get(key) for key in columns(jobs)}
+        field = objective or job.results.get("objective")
+        value = job.results.get(field) if field else None
         row.update(job=job.num, overrides=" ".join(job.overrides), status=job.status,
-                   error=job.error, scaling_efficiency=efficiency.get(job.num))
+                   error=job.error, scaling_efficiency=efficiency.get(job.num),
+                   objective=field or None, objective_value=value if _finite(value) else None)
         row.update({key: job.override(key) for key in swept})
         table.append(row)
     return table
@@ -230,6 +237,8 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
     lines = [f"# Sweep {sweep_dir}", "",
              f"{len(jobs)} jobs: {len(jobs) - len(failed)} completed, {len(failed)} failed."]
     best = best_job(jobs, objective, maximize)
+    lines.append(f"Objective: `{objective}` ({'max' if maximize else 'min'}imized), each "
+                 "job's value in the column objective value.")
     if best is not None:
         lines.append(f"Best {objective} ({'max' if maximize else 'min'}): "
                      f"{_cell(best.results[objective])} in job {best.num} "
@@ -243,7 +252,7 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
     efficiency = scaling_efficiency(jobs, swept)
     target = has_target(jobs)
     headers = ["job", "overrides", "status", "batch/replica", "global batch",
-               "effective batch", "replicas", "learning rate (effective)",
+               "effective batch", "replicas", "learning rate (effective)", "objective value",
                *(f.replace("_", " ") for f in fields), "examples/sec", "per replica",
                *(["scaling efficiency"] if efficiency else []),
                *(["time to target (s)", "epochs to target"] if target else []),
@@ -255,7 +264,7 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
         cells = [job.num, " ".join(_swept_overrides(job, swept)), job.status,
                  r.get("batch_size_per_replica"), r.get("global_batch_size"),
                  r.get("effective_batch_size"), r.get("num_replicas"), r.get("learning_rate"),
-                 *(r.get(f) for f in fields),
+                 r.get(objective), *(r.get(f) for f in fields),
                  f"{_cell(rate)} ± {_cell(std)}" if _finite(std) else rate,
                  r.get("train_examples_per_sec_per_replica"),
                  *([efficiency.get(job.num)] if efficiency else []),
@@ -443,7 +452,8 @@ class SweepSummary(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         objective = objective or next((str(j.results["objective"]) for j in jobs
                                        if j.results.get("objective")), figure_fields(jobs)[0])
-        write_csv(sweep_dir / "summary.csv", rows(jobs, swept), columns(jobs) + swept)
+        write_csv(sweep_dir / "summary.csv", rows(jobs, swept, objective),
+                  columns(jobs) + swept)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
                                                        maximize))
         written = ["summary.csv", "summary.md"]

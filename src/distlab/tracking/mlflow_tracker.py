@@ -80,6 +80,8 @@ class MlflowTracker(Tracker):
         if known and self._continue(known, params):
             return
         tags = {"distlab.run_dir": str(run.run_dir)}
+        if run.overrides:  # the name may be cut: every override, in the command's order
+            tags["distlab.overrides"] = " ".join(run.overrides)[:MAX_VALUE]
         experiment_id = self._experiment()
         if run.sweep_dir is not None:
             tags["mlflow.parentRunId"] = self._parent(run.sweep_dir, experiment_id)

@@ -49,8 +49,10 @@ class Session:
 
     def start(self) -> None:
         states = self._states()
-        run = RunInfo(self.run_dir.path.resolve(), run_name(self.run_dir.path),
-                      states.get(self.name, {}), self.sweep_dir)
+        run = RunInfo(self.run_dir.path.resolve(),
+                      run_name(self.run_dir.path, self.sweep_dir),
+                      states.get(self.name, {}), self.sweep_dir,
+                      job_overrides(self.run_dir.path))
         if not self._call("start", self.tracker.start, run, self.config):
             return
         for row in self.run_dir.read_history():  # an earlier attempt's rows it may not have
@@ -108,16 +110,58 @@ class Session:
             return False
 
 
-def run_name(run_dir: Path) -> str:
-    """The job's command-line overrides (Hydra's .hydra/overrides.yaml) but the logger's, else
-    the last two parts of its directory (outputs/<date>/<time>)."""
-    overrides = run_dir / ".hydra" / "overrides.yaml"
+def job_overrides(run_dir: Path) -> list[str]:
+    """The job's command-line overrides (Hydra's .hydra/overrides.yaml), in order."""
     try:
-        given = [str(o) for o in OmegaConf.load(overrides)
-                 if not str(o).lstrip("+~").startswith("logger")]
+        return [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
     except (OSError, ValueError, TypeError):
-        given = []
-    return " ".join(given) or "/".join(run_dir.resolve().parts[-2:])
+        return []
+
+
+def run_name(run_dir: Path, sweep_dir: Path | None = None) -> str:
+    """The job's command-line overrides but the logger's, a sweep's swept keys first (so a
+    tracker that cuts names keeps what tells its jobs apart), else the last two parts of its
+    directory (outputs/<date>/<time>)."""
+    given = [o for o in job_overrides(run_dir) if not _key(o).startswith("logger")]
+    swept = swept_keys(run_dir, sweep_dir) if sweep_dir is not None else set()
+    first = [o for o in given if _key(o) in swept]
+    return (" ".join(first + [o for o in given if o not in first])
+            or "/".join(run_dir.resolve().parts[-2:]))
+
+
+def swept_keys(run_dir: Path, sweep_dir: Path) -> set[str]:
+    """The keys a sweep varies: its sweep overrides (`key=a,b`, `choice(...)`,
+    `interval(...)`: Hydra's multirun.yaml, or what distlab's Optuna sweeper recorded) and
+    its `hydra.sweeper.params`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def load(path: Path, key: str) -> Any:
+        try:
+            return OmegaConf.select(OmegaConf.load(path), key, default=None)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    keys: set[str] = set()
+    params = load(run_dir / ".hydra" / "hydra.yaml", "hydra.sweeper.params")
+    if params is not None:
+        keys.update(str(k) for k in params)
+    for path, key in ((sweep_dir / "multirun.yaml", "hydra.overrides.task"),
+                      (sweep_dir / SWEEP_OVERRIDES, "overrides")):
+        for override in load(path, key) or []:
+            try:
+                [parsed] = OverridesParser.create().parse_overrides([str(override)])
+            except Exception:  # noqa: BLE001 - an override Hydra itself would refuse
+                continue
+            if parsed.is_sweep_override():
+                keys.add(parsed.key_or_group)
+    return keys
+
+
+SWEEP_OVERRIDES = ".distlab/sweep_overrides.yaml"  # distlab's Optuna sweeper's arguments
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def finish_sweep(cfg: DictConfig, sweep_dir: Path, failed: int, files: list[Path]) -> None:

@@ -14,12 +14,15 @@ class RunInfo:
     """The job a tracker records."""
 
     run_dir: Path  # absolute
-    name: str  # the job's command-line overrides, else its directory's name
+    # the job's command-line overrides, a sweep's swept ones first (so a name cut to a
+    # tracker's length keeps them), else its directory's name
+    name: str
     # the tracker's own state, kept in the run directory (.distlab/tracking.json) from one
     # start to the next: empty at a run's first start; a rerun gets what start() left (its
     # run id), to continue that run
     state: dict[str, Any] = field(default_factory=dict)
     sweep_dir: Path | None = None  # a sweep's job: the sweep's directory (its parent run)
+    overrides: list[str] = field(default_factory=list)  # every command-line override, in order
 
 
 class Tracker:

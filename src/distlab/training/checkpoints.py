@@ -28,6 +28,10 @@ from distlab.training.experiment import Experiment
 log = logging.getLogger("distlab")
 # the checkpoint's name for the epoch's running sums; checkpoints older than it lack it
 EPOCH_SUMS = "epoch_sums"
+# the training steps the checkpoint's model has taken (its number: ckpt-<steps>); older
+# checkpoints lack it and were numbered by their place in the schedule (epochs x
+# steps_per_epoch + steps), which is what it is set to when one of them is resumed
+TRAINED_STEPS = "trained_steps"
 
 
 def stats_size(task: Any) -> int:
@@ -43,7 +47,9 @@ def sums_size(exp: Experiment) -> int:
 
 
 class Checkpoints:
-    """The run's checkpoints (`checkpoints/ckpt-<step>`, and `checkpoints/best/`)."""
+    """The run's checkpoints: `checkpoints/ckpt-<N>` and `checkpoints/best/ckpt-<N>`, where N
+    is the number of training steps (batches; micro-batches under trainer.grad_accum_steps)
+    the model in it has taken, whatever stopped an epoch early."""
 
     def __init__(self, exp: Experiment, extra: dict[str, Any] | None = None) -> None:
         """`extra`: the loop's own items (`Loop.state()`), saved and restored with the rest."""
@@ -56,8 +62,12 @@ class Checkpoints:
         # metrics, so a run resumed mid-epoch records the whole epoch
         self.epoch_sums = tf.Variable(tf.zeros([sums_size(exp)], tf.float64),
                                       trainable=False, name=EPOCH_SUMS)
+        # training steps taken (the Controller counts them): the checkpoints' number
+        self.trained_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name=TRAINED_STEPS)
         own = {"model": exp.model, "optimizer": exp.optimizer, "epoch": self.epoch,
                "step_in_epoch": self.step_in_epoch, EPOCH_SUMS: self.epoch_sums,
+               TRAINED_STEPS: self.trained_steps,
                **exp.monitors.state, **rng_states(exp.model)}
         self.state: dict[str, Any] = {**own, **_loop_items(exp.cfg.loop.name, extra, own)}
         try:
@@ -96,16 +106,20 @@ class Checkpoints:
     # ---- saving
     def save(self, epochs_done: int, steps_in_epoch: int,
              sums: np.ndarray | None = None) -> str:
-        """ckpt-<training step> at this step boundary, mid-epoch with the epoch's running
-        `sums` (the step counts batches: micro-batches under trainer.grad_accum_steps)."""
+        """ckpt-<training steps taken> at this step boundary, mid-epoch with the epoch's
+        running `sums` (steps count batches: micro-batches under trainer.grad_accum_steps)."""
         self.epoch.assign(epochs_done)
         self.step_in_epoch.assign(steps_in_epoch)
         if steps_in_epoch and sums is not None:
             self.epoch_sums.assign(sums)
         else:  # an epoch boundary (or a loop that keeps no sums)
             self.epoch_sums.assign(tf.zeros_like(self.epoch_sums))
-        step = epochs_done * self.exp.data.steps_per_epoch + steps_in_epoch
-        return self.manager.save(checkpoint_number=step)
+        return self.manager.save(checkpoint_number=self.steps_taken)
+
+    @property
+    def steps_taken(self) -> int:
+        """Training steps the model has taken: the number of the checkpoint saved now."""
+        return int(self.trained_steps.numpy())
 
     def save_again(self) -> str:
         """A checkpoint at the counters' position (after a change made after the last one)."""
@@ -113,10 +127,10 @@ class Checkpoints:
         return self.save(epochs_done, steps, self.epoch_sums.numpy() if steps else None)
 
     def save_best(self, epoch: int) -> None:
-        """checkpoints/best/ckpt-<epoch> (1-based), after `epoch` ended."""
+        """checkpoints/best/ckpt-<training steps taken>, after `epoch` (1-based) ended."""
         self.epoch.assign(epoch)
         self.step_in_epoch.assign(0)
-        self.best.save(checkpoint_number=epoch)
+        self.best.save(checkpoint_number=self.steps_taken)
 
     # ---- resuming (training)
     def resume(self) -> tuple[int, int]:
@@ -140,14 +154,17 @@ class Checkpoints:
         return epoch, step
 
     def _restore_all(self, prefix: str) -> None:
-        if _holds(prefix, EPOCH_SUMS):
+        # written before checkpoints kept these: the rest of its state
+        missing = [k for k in (EPOCH_SUMS, TRAINED_STEPS) if not _holds(prefix, k)]
+        if not missing:
             self._restore(self.checkpoint, prefix, what="resume from")
             return
-        # written before checkpoints kept the epoch's running sums: the rest of its state
-        state = {k: v for k, v in self.state.items() if k != EPOCH_SUMS}
+        state = {k: v for k, v in self.state.items() if k not in missing}
         self._restore(tf.train.Checkpoint(**state), prefix, what="resume from")
         epoch, step = self.position
-        if step:
+        if TRAINED_STEPS in missing:  # what its number counted
+            self.trained_steps.assign(epoch * self.exp.data.steps_per_epoch + step)
+        if EPOCH_SUMS in missing and step:
             log.warning("%s predates the epoch sums in checkpoints: the history row of epoch "
                         "%d (which the target, early stopping and best checkpoint read) "
                         "covers only its steps after step %d", prefix, epoch + 1, step)

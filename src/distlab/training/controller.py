@@ -139,7 +139,8 @@ class Controller:
             return
         seconds = max(time.time() - self._start, 1e-9)
         rate = (self._examples(steps_done) - self._examples(self._first)) / seconds
-        self._bar.update(steps_done, [*figures.items(), ("examples/sec", rate)],
+        shown = [(k, v) for k, v in figures.items() if v is not None]
+        self._bar.update(steps_done, [*shown, ("examples/sec", rate)],
                          finalize=finalize)
         if finalize or steps_done >= self.exp.data.steps_per_epoch:
             self._bar = None  # finished: its last line ends with a newline
@@ -178,12 +179,14 @@ class Controller:
             self.first_step_at = now
             log.info("time to first step: %.1f s", self.first_step_at - self.exp.started)
         started, before = self._mark
+        self.checkpoints.trained_steps.assign_add(steps_done - before)  # the ckpt-N number
         self.intervals.append(Interval(epoch, steps_done - before, self._examples(steps_done)
                                        - self._examples(before), now - started))
         self._mark = (now, steps_done)
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
         check_finite(loss, epoch, steps_done, self.checkpoints.latest)
-        figures = (self.loop.means(self.running_sums())
+        figures = ({k: v for k, v in self.loop.means(self.running_sums()).items()
+                    if v is not None}  # an undefined running figure is left out
                    if self._batch_logs or self._bar is not None else None)
         if self._batch_logs:
             self.callbacks.on_train_batch_end(steps_done - 1, figures)  # the block's last step
@@ -196,7 +199,8 @@ class Controller:
         """Record epoch `epoch` (0-based): validation, history row, scalars, monitors,
         checkpoints. True when training must end now (target with stop, early stopping)."""
         exp, train_end = self.exp, time.time()
-        figures = self.loop.means(self.running_sums())  # the whole epoch's, resumed or not
+        # the whole epoch's, resumed or not
+        figures = self.loop.means(self.running_sums(), prefix="")
         self._update_bar(self._mark[1], figures, finalize=True)  # before any line is logged
         if self._every(epoch, "validate_every") and exp.data.validation is not None:
             figures.update({f"val_{k}": v for k, v in self.loop.evaluate("validation").items()})

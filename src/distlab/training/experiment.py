@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from distlab.components import models, optimizers, schedules, tasks
 from distlab.components.tasks import Task
-from distlab.data import pipeline
+from distlab.data import fingerprint, pipeline
 from distlab.data.pipeline import Data
 from distlab.distribute.cluster import Worker
 from distlab.launch.results import check_objective
@@ -62,6 +62,8 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
     task = tasks.build(cfg.task)  # first: a task or metric mistake before the data loads
     data = pipeline.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
                          cfg.trainer.steps_per_epoch)
+    if cfg.mode == "train" and worker.is_chief:  # what an evaluation of it must score on
+        fingerprint.record(run_dir.path, fingerprint.of_splits(cfg.dataset, data.splits))
     tasks.check_labels(task, cfg.task.name, data.name, data.classes, data.outputs,
                        sample=lambda: some_labels(data))
     check_objective(cfg.objective, cfg.task.name, task.metric_names,  # a user task's: now

@@ -9,17 +9,21 @@ made at import time, outside any scope, works) into three sets:
   for a real row and 0 for a padding row (distlab's row weights, n_k*R/n on a short batch,
   would weigh rows unevenly). Training and evaluation are separate sets, so a validation
   pass never clobbers the epoch's running training state.
-- a scratch set of plain variables, outside the scope, that turns a state into figures.
+- a scratch set of plain variables, outside the scope, on which the metrics are checked;
+- a reader set, float64 copies outside the scope, that turns a state into figures: the
+  counts are exact in float32, and their ratios (precision = 16/23) are computed in float64
+  (a metric that cannot be made in float64 is read in its own dtype).
 
 A set's state is one float64 vector (every variable, flattened, in order). Only metrics whose
 variables are all sums, zero after `reset_state()`, are accepted, so states add up: the
 Controller keeps the training state after its running sums (`Loop.means` reads both), a
 mid-epoch checkpoint saves it, and a resumed epoch adds the restored state to the state of
-its own steps (base + current, then `result()` on the scratch copy).
+its own steps (base + current, then `result()` on the reader copy).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -30,6 +34,7 @@ import tensorflow as tf
 from distlab.components.tasks import Metric, Task
 from distlab.errors import DistlabError, described
 
+log = logging.getLogger("distlab")
 Sample = Callable[[], tuple[tf.Tensor, tf.Tensor]]  # one row: (labels, predictions)
 
 
@@ -99,20 +104,81 @@ class StatefulMetrics:
             self.train = MetricSet(self.metrics, [_clone(m, sample) for m in self.metrics])
             self.eval = MetricSet(self.metrics, [_clone(m, sample) for m in self.metrics])
         self.scratch = MetricSet(self.metrics, scratch)
+        self.reader = MetricSet(self.metrics, [_float64_clone(m, obj, sample) for m, obj
+                                               in zip(self.metrics, scratch, strict=True)])
         self.size = sum(math.prod(v.shape) for v in self.scratch.variables)
+        self._warned: set[str] = set()  # undefined figures warned about (once per run)
 
-    def results(self, state: np.ndarray) -> list[float]:
-        """Each metric's `finalize(result())` for a state (a set's `read()`, or a sum of them)."""
+    def results(self, state: np.ndarray, prefix: str | None = None) -> list[float | None]:
+        """Each metric's `finalize(result())` for a state (a set's `read()`, or a sum of them);
+        None where the figure is undefined on these rows (`undefined`). `prefix` ("", "val_",
+        "test_"): the figures are a split's, reported; an undefined one is warned about once
+        per run, by name (None: running figures, not warned about)."""
         if len(state) != self.size:
             raise ValueError(f"a state of {len(state)} values for metrics of {self.size}")
         figures, offset = [], 0
-        for metric, obj in zip(self.metrics, self.scratch.objects, strict=True):
+        for metric, obj in zip(self.metrics, self.reader.objects, strict=True):
             for v in obj.variables:
                 n = math.prod(v.shape)
                 v.assign(np.reshape(state[offset:offset + n], v.shape).astype(v.dtype))
                 offset += n
-            figures.append(float(metric.finalize(float(obj.result()))))
+            why = undefined(obj)
+            if why is None:
+                figures.append(float(metric.finalize(float(obj.result()))))
+                continue
+            figures.append(None)
+            if prefix is not None:
+                self._warn_undefined(prefix, metric.name, why)
         return figures
+
+    def _warn_undefined(self, prefix: str, name: str, why: str) -> None:
+        figure = f"{prefix}{name}"
+        if figure in self._warned:
+            return
+        self._warned.add(figure)
+        split = SPLITS.get(prefix, "training")
+        log.warning("%s is undefined: the %s rows have %s. It is null in results.json and "
+                    "empty in history.csv (this warning is given once), and nothing selects "
+                    "on it (target, early stopping, best checkpoint, callbacks' logs)",
+                    figure, split, why)
+
+
+SPLITS = {"val_": "validation", "test_": "test", "best_test_": "test"}
+
+
+def undefined(metric: keras.metrics.Metric) -> str | None:
+    """Why a Keras metric's current value is undefined (Keras reports 0 for it), or None:
+    AUC with one class only (no positive or no negative rows), precision with no predicted
+    positives, recall with no positive labels, F-score with neither."""
+    def total(name: str) -> float:
+        return float(np.sum(np.asarray(getattr(metric, name).numpy(), np.float64)))
+
+    if isinstance(metric, keras.metrics.AUC):
+        # at the lowest threshold every row is counted once: positives tp+fn, negatives fp+tn
+        first = {name: float(np.asarray(getattr(metric, name).numpy(), np.float64)
+                             .reshape(metric.num_thresholds, -1)[0].sum())
+                 for name in AUC_COUNTS}
+        positives = first["true_positives"] + first["false_negatives"]
+        negatives = first["false_positives"] + first["true_negatives"]
+        if positives == 0 or negatives == 0:
+            return (f"only {'negative' if positives == 0 else 'positive'} labels (AUC needs "
+                    "both classes)")
+        return None
+    if isinstance(metric, keras.metrics.Precision):
+        if total("true_positives") + total("false_positives") == 0:
+            return "no predicted positives (precision has no denominator)"
+    elif isinstance(metric, keras.metrics.Recall):
+        if total("true_positives") + total("false_negatives") == 0:
+            return "no positive labels (recall has no denominator)"
+    elif isinstance(metric, keras.metrics.FBetaScore):
+        if getattr(metric, "true_positives", None) is not None and (
+                total("true_positives") + total("false_positives")
+                + total("false_negatives")) == 0:
+            return "no positive labels and no predicted positives (F-score has no denominator)"
+    return None
+
+
+AUC_COUNTS = ("true_positives", "false_negatives", "false_positives", "true_negatives")
 
 
 def _clone(metric: Metric, sample: Sample | None) -> keras.metrics.Metric:
@@ -135,6 +201,25 @@ def _clone(metric: Metric, sample: Sample | None) -> keras.metrics.Metric:
         raise DistlabError(f"task metric {metric.name!r} ({type(original).__name__}) has no "
                            "state variables (add_variable in its __init__)")
     clone.reset_state()
+    return clone
+
+
+def _float64_clone(metric: Metric, scratch: keras.metrics.Metric,
+                   sample: Sample | None) -> keras.metrics.Metric:
+    """A copy of `metric` whose variables are float64 (made with Keras' floatx at float64),
+    so that `result()` divides float64 counts; `scratch` (its own dtype) if that fails or
+    gives other variables."""
+    previous = keras.backend.floatx()
+    keras.backend.set_floatx("float64")
+    try:
+        clone = _clone(metric, sample)
+        clone.result()
+    except Exception:  # noqa: BLE001 - any metric: read in its own dtype instead
+        return scratch
+    finally:
+        keras.backend.set_floatx(previous)
+    if [tuple(v.shape) for v in clone.variables] != [tuple(v.shape) for v in scratch.variables]:
+        return scratch
     return clone
 
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from distlab.components import optimizers, strategies
 from distlab.config import JIT_ON_LOGICAL_CPUS
+from distlab.config.checks import flatten
+from distlab.data import fingerprint
 from distlab.distribute import multi_worker
 from distlab.distribute.cluster import Worker
 from distlab.distribute.preemption import (
@@ -33,7 +35,7 @@ from distlab.distribute.preemption import (
     StopRequest,
 )
 from distlab.errors import DistlabError
-from distlab.launch.results import TRAINED, objective_fields
+from distlab.launch.results import TRAINED, objective_fields, with_objective_value
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
 from distlab.training import callbacks, experiment
@@ -159,7 +161,7 @@ def _no_deterministic_xla(error: tf.errors.OpError, cfg: DictConfig) -> DistlabE
 def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, Any]:
     cfg, data = exp.cfg, exp.data
     batch = effective_batch_size(cfg, data.global_batch_size)
-    return {
+    results = {
         "status": "completed",
         "mode": cfg.mode,
         "loop": cfg.loop.name,
@@ -182,6 +184,7 @@ def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, 
         **extra,
         "wall_time_s": time.time() - exp.started,
     }
+    return with_objective_value(results)
 
 
 def _policy(model: keras.Model, configured: str) -> str:
@@ -288,6 +291,7 @@ def _warn_if_nothing_to_learn(exp: Experiment, first_step: int) -> None:
 
 def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
               stop: StopRequest) -> dict[str, Any]:
+    check_evaluation_rows(exp)
     prefix = checkpoints.restore_model(exp.cfg.ckpt_path)
     if prefix:
         _warn_if_other_precision(exp, prefix)
@@ -301,22 +305,37 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
 
 # what decides which rows of a dataset are trained on, and which validate
 SPLIT_KEYS = ("train_split", "validation", "validation_seed")
+# keys a run dir without a record of its rows is not held to: where the data is read from,
+# and which features are the input and the label, leave the rows where they are
+NOT_DECIDING = ("name", "data_dir", "features")
 
 
 def check_evaluation_splits(cfg: DictConfig) -> None:
-    """Refuse, in one line, an evaluation whose dataset splits differ from those the
-    checkpoint was trained with: its val_ figures would be on other rows, perhaps trained on
-    (e.g. dataset.validation=0.1 against a run trained with null, on all of train)."""
+    """Refuse, in one line, before the data loads: an evaluation whose dataset preprocessing
+    differs from the checkpoint's training run (its inputs would not be the model's), or
+    whose split keys differ (its val_ figures would be on other rows, perhaps trained on:
+    e.g. dataset.validation=0.1 against a run trained with null, on all of train). A run dir
+    from before the rows' fingerprints (`check_evaluation_rows`) is held to every dataset
+    key that may decide its rows (dataset.split_seed, test_split...)."""
     try:
         prefix = find_checkpoint(cfg.ckpt_path)
     except DistlabError:
         return  # the restore says why, in its own words
-    trained = (run_dir_of(prefix).started_config() or {}).get("dataset")
+    run_dir = run_dir_of(prefix)
+    started = run_dir.started_config() or {}
+    _check_preprocess(cfg, started.get("dataset"))
+    trained = started.get("dataset")
     if not trained or trained.get("name") != cfg.dataset.name:
         return  # no config to compare with, or another dataset: none of its rows trained on
     trained = {"validation": None, **trained}  # a run from before dataset.validation: none
-    differ = [f"dataset.{k}={_override(trained[k])}" for k in SPLIT_KEYS
-              if k in trained and trained[k] != cfg.dataset.get(k)]
+    keys = [k for k in SPLIT_KEYS if k in trained and trained[k] != cfg.dataset.get(k)]
+    if fingerprint.recorded(run_dir.path) is None:  # compare what may decide the rows
+        before = fingerprint.row_keys(trained)
+        after = fingerprint.row_keys(OmegaConf.to_container(cfg.dataset, resolve=True))
+        keys += [k.removeprefix("dataset.") for k in sorted(before) if k in after
+                 and before[k] != after[k] and k.removeprefix("dataset.") not in keys
+                 and k.removeprefix("dataset.").split(".", 1)[0] not in NOT_DECIDING]
+    differ = [f"dataset.{k}={fingerprint.override(trained[k])}" for k in keys]
     if differ:
         raise DistlabError(
             f"ckpt_path={cfg.ckpt_path} was trained with {' '.join(differ)}, and this "
@@ -324,9 +343,42 @@ def check_evaluation_splits(cfg: DictConfig) -> None:
             f"(perhaps ones it trained on). Add {' '.join(differ)} to evaluate on its splits")
 
 
-def _override(value: Any) -> str:
-    """A config value as a command-line override writes it."""
-    return "null" if value is None else f"'{value}'" if "[" in str(value) else str(value)
+def _check_preprocess(cfg: DictConfig, trained: dict[str, Any] | None) -> None:
+    """Refuse, in one line, an evaluation whose dataset.preprocess differs from the training
+    run's: the model would score inputs prepared otherwise than those it learnt from."""
+    if not trained or trained.get("preprocess") is None:
+        return  # a run from before dataset.preprocess
+    before = flatten(trained["preprocess"])
+    after = flatten(OmegaConf.to_container(cfg.dataset.preprocess, resolve=True))
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if not keys:
+        return
+    given = " ".join(f"dataset.preprocess.{k}={fingerprint.override(before.get(k))}"
+                     for k in keys)
+    now = " ".join(f"dataset.preprocess.{k}={fingerprint.override(after.get(k))}"
+                   for k in keys)
+    raise DistlabError(
+        f"ckpt_path={cfg.ckpt_path} was trained with {given}, and this evaluation has {now}: "
+        f"the model would score inputs prepared otherwise than those it was trained on. Add "
+        f"{given} to evaluate with its preprocessing")
+
+
+def check_evaluation_rows(exp: Experiment) -> None:
+    """Refuse, in one line naming the dataset keys that differ, an evaluation whose train,
+    validation or test split holds other rows than the checkpoint's training run recorded
+    (`distlab.data.fingerprint`); a run dir without that record was checked by its keys."""
+    try:
+        prefix = find_checkpoint(exp.cfg.ckpt_path)
+    except DistlabError:
+        return  # (another worker's disk, or the restore says why)
+    run_dir = run_dir_of(prefix)
+    trained = fingerprint.recorded(run_dir.path)
+    started = run_dir.started_config() or {}
+    if trained is None or (started.get("dataset") or {}).get("name") != exp.cfg.dataset.name:
+        return
+    fingerprint.check(exp.cfg.ckpt_path, started, trained,
+                      fingerprint.of_splits(exp.cfg.dataset, exp.data.splits),
+                      OmegaConf.to_container(exp.cfg.dataset, resolve=True))
 
 
 def _figures(figures: dict[str, float | None]) -> str:

@@ -72,6 +72,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
             impl_log.addFilter(_NO_VALUE_NOTE)
 
     def sweep(self, arguments: list[str]) -> Any:
+        _record_arguments(self._config, arguments)
         try:
             return super().sweep(arguments)
         except ValueError as e:
@@ -114,3 +115,19 @@ def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
 def _objective_field(config: DictConfig) -> str:
     """The results.json field the jobs return (as `distlab.launch.job` picks it)."""
     return str(config.get("objective") or "the objective (the task's first metric)")
+
+
+def _record_arguments(config: DictConfig, arguments: list[str]) -> None:
+    """The sweep's command-line overrides, in the sweep dir, for a tracker to tell the swept
+    keys (`distlab.tracking.session.swept_keys`; Hydra's basic sweeper has multirun.yaml)."""
+    from pathlib import Path
+
+    from distlab.tracking.session import SWEEP_OVERRIDES
+
+    path = Path(str(config.hydra.sweep.dir)) / SWEEP_OVERRIDES
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create({"overrides": list(arguments)}), path)
+    except OSError as e:
+        log.warning("could not record the sweep's overrides in %s (%s): tracker run names "
+                    "will not put the swept keys first", path, e)

@@ -59,11 +59,13 @@ class History:
         names = ["loss", *self.metric_names]
         with self._writers["train"].as_default(step=step):
             for key in (*names, "learning_rate", "examples_per_sec"):
-                tf.summary.scalar(f"epoch_{key}", row[key])
+                if row[key] is not None:  # None: undefined (AUC on one class...)
+                    tf.summary.scalar(f"epoch_{key}", row[key])
         for split, prefix in (("validation", "val_"), ("test", "test_")):
             if row.get(f"{prefix}loss") is not None and split in self._writers:
                 with self._writers[split].as_default(step=step):
                     for key in names:
-                        tf.summary.scalar(f"epoch_{key}", row[f"{prefix}{key}"])
+                        if row[f"{prefix}{key}"] is not None:
+                            tf.summary.scalar(f"epoch_{key}", row[f"{prefix}{key}"])
         for writer in self._writers.values():
             writer.flush()

@@ -93,22 +93,25 @@ class Loop:
         return None
 
     # ---- evaluation
-    def evaluate(self, split: str = "test") -> dict[str, float]:
+    def evaluate(self, split: str = "test") -> dict[str, float | None]:
         """{"loss", <metric>...} over a whole split ("validation" or "test") under the
         current strategy: exact means over its real examples, whatever the replica count."""
         dataset = {"test": self.exp.data.test, "validation": self.exp.data.validation}[split]
         stateful = self.exp.metrics.eval
         stateful.reset()
         sums = self._eval_all(self.distribute(dataset)).numpy()
-        return self.means(np.concatenate([sums, stateful.read()]))
+        return self.means(np.concatenate([sums, stateful.read()]),
+                          prefix={"test": "test_", "validation": "val_"}[split])
 
-    def means(self, sums) -> dict[str, float]:
+    def means(self, sums, prefix: str | None = None) -> dict[str, float | None]:
         """{"loss", <metric>...} from the running sums: the summed batch stats (loss,
-        per-example metrics..., count), then the stateful metrics' state."""
+        per-example metrics..., count), then the stateful metrics' state. A figure undefined
+        on these rows (AUC on one class...) is None; `prefix` ("" for an epoch's training
+        figures, "val_", "test_"): reported figures, an undefined one warned about once."""
         stats, state = sums[:self.num_stats], sums[self.num_stats:]
         count = stats[-1]
         per_example = iter(stats[1:-1])
-        stateful = iter(self.exp.metrics.results(np.asarray(state, np.float64)))
+        stateful = iter(self.exp.metrics.results(np.asarray(state, np.float64), prefix))
         values = {"loss": float(stats[0] / count)}
         for metric in self.exp.task.metrics:
             values[metric.name] = (next(stateful) if metric.stateful

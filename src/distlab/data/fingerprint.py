@@ -1,0 +1,171 @@
+"""Which rows each split holds, as a fingerprint: recorded when a run trains, compared when a
+checkpoint is evaluated, so an evaluation never scores rows other than those the checkpoint
+was validated and tested on (perhaps rows it trained on) without a word.
+
+A split's fingerprint is computed once, as the data loads, and does not depend on the rows'
+order nor on preprocessing:
+- a tfds dataset: the rows' identities, its name, version and the absolute row ranges its
+  split specs read (`train[:90%]` -> train rows 0..54000), and for a validation fraction
+  held out of train, the mask of held-out rows. Nothing is read for it.
+- a user's dataset builder: the rows' content, a 64-bit fingerprint of each (input, label)
+  pair (every tensor serialised, dtype and shape included), sorted and hashed. That is one
+  pass over the builder's raw splits.
+
+`<run dir>/.distlab/splits.json` holds a training run's fingerprints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from omegaconf import DictConfig
+
+from distlab.config.checks import flatten
+from distlab.errors import DistlabError
+
+ROLES = ("train", "validation", "test")
+# dataset keys that never decide which rows a split holds (what the rows become, or how they
+# are read, batched and cached)
+NOT_ROWS = ("batch_size_per_replica", "shuffle_buffer", "cache", "disk_cache", "cache_dir",
+            "preprocess", "augment")
+
+
+def of_splits(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
+    """{"train", "validation", "test": fingerprint (None: no validation split)} of a
+    dataset's raw splits (`pipeline.RawSplits`); `cfg`: the dataset node."""
+    if splits.source is not None:  # tfds: the rows' identities
+        return _tfds(cfg, splits)
+    train = _row_hashes(splits.train)
+    prints = {"train": _digest(train), "test": _digest(_row_hashes(splits.test)),
+              "validation": None}
+    if splits.held_out is not None:
+        prints["train"], prints["validation"] = (_digest(train[~splits.held_out]),
+                                                 _digest(train[splits.held_out]))
+    elif splits.validation is not None:
+        prints["validation"] = _digest(_row_hashes(splits.validation))
+    return prints
+
+
+def _row_hashes(ds: tf.data.Dataset) -> np.ndarray:
+    """A uint64 fingerprint of each (input, label) row of `ds`, in order."""
+    def one(x: Any, y: Any) -> tf.Tensor:
+        parts = [tf.io.serialize_tensor(t) for t in tf.nest.flatten((x, y))]
+        framed = [tf.strings.join([tf.strings.as_string(tf.strings.length(p)), p],
+                                  separator=":") for p in parts]
+        return tf.fingerprint(tf.expand_dims(tf.strings.join(framed), 0))[0]
+
+    batches = ds.map(one, num_parallel_calls=tf.data.AUTOTUNE).batch(8192)
+    rows = [np.asarray(b) for b in batches.as_numpy_iterator()]
+    return np.concatenate(rows).view(np.uint64).ravel() if rows else np.zeros(0, np.uint64)
+
+
+def _digest(hashes: np.ndarray) -> str:
+    """The fingerprint of a multiset of row fingerprints: their count and sorted values."""
+    payload = np.sort(np.asarray(hashes, np.uint64)).astype("<u8").tobytes()
+    return f"{len(hashes)}-{hashlib.sha256(payload).hexdigest()[:24]}"
+
+
+def _tfds(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
+    import tensorflow_datasets as tfds
+
+    from distlab.data.pipeline import resolve_data_dir
+
+    info = tfds.builder(str(cfg.name), data_dir=resolve_data_dir(cfg.data_dir)).info
+    base = {"tfds": str(cfg.name), "version": str(info.version)}
+
+    def rows(spec: str) -> list[tuple[str, int, int]]:
+        try:
+            absolute = tfds.core.ReadInstruction.from_spec(spec).to_absolute(info.splits)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            return [(spec, -1, -1)]  # a spec only tfds reads: the spec stands for its rows
+        return [(a.splitname, a.from_ or 0,
+                 info.splits[a.splitname].num_examples if a.to is None else a.to)
+                for a in absolute]
+
+    def digest(**payload: Any) -> str:
+        text = json.dumps({**base, **payload}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    train = rows(str(cfg.train_split))
+    prints = {"train": digest(rows=train), "test": digest(rows=rows(str(cfg.test_split))),
+              "validation": None}
+    if splits.held_out is not None:
+        mask = hashlib.sha256(np.packbits(splits.held_out).tobytes()).hexdigest()[:24]
+        prints["train"] = digest(rows=train, held_out=mask, keep="rest")
+        prints["validation"] = digest(rows=train, held_out=mask, keep="held out")
+    elif splits.validation is not None:
+        prints["validation"] = digest(rows=rows(str(splits.validation_from)))
+    return prints
+
+
+# ---- the record, and the check at evaluation (no TensorFlow needed from here on)
+
+def splits_json(run_dir: Path) -> Path:
+    return Path(run_dir) / ".distlab" / "splits.json"
+
+
+def record(run_dir: Path, prints: dict[str, str | None]) -> None:
+    """Keep a training run's fingerprints in its run dir (each start: what it trains on)."""
+    path = splits_json(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(prints, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def recorded(run_dir: Path) -> dict[str, str | None] | None:
+    """The fingerprints a training run recorded (None: none, a run from before them)."""
+    try:
+        prints = json.loads(splits_json(run_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return prints if isinstance(prints, dict) and set(ROLES) <= set(prints) else None
+
+
+def row_keys(dataset: dict[str, Any]) -> dict[str, Any]:
+    """The dataset keys (dotted, under `dataset.`) that may decide which rows a split holds."""
+    return {f"dataset.{k}": v for k, v in flatten(dataset).items()
+            if k.split(".", 1)[0] not in NOT_ROWS}
+
+
+def check(ckpt_path: str, trained_config: dict[str, Any] | None,
+          trained: dict[str, str | None], now: dict[str, str | None],
+          dataset: dict[str, Any]) -> None:
+    """Refuse, in one line, an evaluation whose splits hold other rows than the training
+    run's (`trained`, `now`: fingerprints), naming the dataset keys that differ from the
+    training run's (`trained_config`; `dataset`: this evaluation's dataset node)."""
+    moved = [role for role in ROLES if trained.get(role) != now.get(role)]
+    if not moved:
+        return
+    before = row_keys((trained_config or {}).get("dataset") or {})
+    after = row_keys(dataset)
+    keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    splits = (f"{', '.join(moved[:-1])} and {moved[-1]} splits" if len(moved) > 1
+              else f"{moved[0]} split")
+    if keys:
+        given = " ".join(f"{k}={override(before.get(k))}" for k in keys)
+        now_given = " ".join(f"{k}={override(after.get(k))}" for k in keys)
+        raise DistlabError(
+            f"ckpt_path={ckpt_path} was trained with {given}, and this evaluation has "
+            f"{now_given}: its {splits} would hold other rows than the run's (rows it "
+            f"trained on, perhaps). Add {given} to evaluate on its splits")
+    raise DistlabError(
+        f"ckpt_path={ckpt_path}: the rows of this evaluation's {splits} differ from the "
+        "training run's, with the same dataset keys: the data its dataset gives has changed "
+        "since (its builder's code or random state, or its files). Evaluate on the data it "
+        "was trained with")
+
+
+def override(value: Any) -> str:
+    """A config value as a command-line override writes it (quoted where a shell needs it)."""
+    if value is None:
+        return "null"
+    text = json.dumps(value) if isinstance(value, bool | list | dict) else str(value)
+    if isinstance(value, bool):
+        return text
+    return f"'{text}'" if any(c in text for c in "[]() ,*?{}'\"$;&|<>") else text

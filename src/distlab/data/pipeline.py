@@ -99,8 +99,7 @@ class Data:
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
             ds = base
             if buffer > 0:
-                ds = ds.shuffle(buffer, seed=seed * 1_000_003 + epoch,
-                                reshuffle_each_iteration=True)
+                ds = shuffled(ds, buffer, seed, epoch)
             if augment is not None:  # seeded by (seed, epoch, place in the epoch)
                 key = seed * 1_000_003 + epoch + 1
                 ds = ds.enumerate().map(
@@ -115,6 +114,32 @@ class Data:
         if skip_steps:
             epochs = epochs.skip(skip_steps)
         return _no_autotune(epochs.prefetch(AUTOTUNE))
+
+
+_MAXINT32 = 2**31 - 1
+
+
+def shuffled(ds: tf.data.Dataset, buffer: int, seed: int, epoch: tf.Tensor) -> tf.data.Dataset:
+    """`ds` shuffled through a buffer of `buffer` examples, seeded by (`seed`, `epoch`) only.
+
+    tf.data's own `shuffle(seed=...)` pairs its seed with the process's global seed in
+    Python: with a tensor seed (the epoch) it fails when that global seed is 0 modulo
+    2**31-1 (`seed=0`), seeds s and s + 2**31-1 shuffle alike, and the order depends on
+    whatever global seed the process has. Here the op gets its two seeds explicitly: the
+    run's `seed` whole, and (seed * 1_000_003 + epoch) modulo 2**31-1, which is what
+    `shuffle` under `tf.random.set_seed(seed)` gave for seeds in [1, 2**31-1) (a run trained
+    before resumes on the same batches)."""
+    seed2 = tf.math.floormod(tf.cast(epoch, tf.int64) + seed * 1_000_003, _MAXINT32)
+    if seed == 0:  # (0, 0) would mean "nondeterministic" to the op (tf.data maps it too)
+        seed2 = tf.where(tf.equal(seed2, 0), tf.constant(_MAXINT32, tf.int64), seed2)
+    flat = [t for spec in tf.nest.flatten(ds.element_spec) for t in spec._flat_tensor_specs]
+    variant = tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(ds),
+        buffer_size=tf.constant(buffer, tf.int64), seed=tf.constant(seed, tf.int64),
+        seed2=seed2, seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[s.dtype for s in flat], output_shapes=[s.shape for s in flat],
+        reshuffle_each_iteration=True)
+    return tf.data.experimental.from_variant(variant, ds.element_spec)
 
 
 def distribute(strategy: tf.distribute.Strategy,

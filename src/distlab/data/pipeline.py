@@ -35,6 +35,8 @@ import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import cache as data_cache
+from distlab.data import slices
+from distlab.data.prepared import split_names
 from distlab.errors import DistlabError, described, first_line
 
 log = logging.getLogger(__name__)
@@ -438,8 +440,9 @@ def _tfds_splits(cfg: DictConfig) -> RawSplits:
             f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r}"
             + (f" / dataset.validation={choice!r}" if isinstance(choice, str) else "")
             + f" not available for {cfg.name}: {first_line(e)}") from None
-    if isinstance(choice, str):
-        _check_disjoint(info.splits, choice, cfg.train_split, cfg.test_split)
+    specs = {"train_split": cfg.train_split, "test_split": cfg.test_split}
+    slices.check_disjoint({**specs, "validation": choice} if isinstance(choice, str) else specs,
+                          info.splits)
     x, y = keys
     sizes = [_num_examples(info, name, ds) for name, ds in zip(names, datasets, strict=True)]
     train, test, *validation = (dense_inputs(ds.map(lambda ex: (_select(ex, x), ex[y]),
@@ -476,30 +479,6 @@ def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str | list[st
     except (ValueError, TypeError, KeyError):
         ds = builder.as_dataset(split=split, shuffle_files=False)
     return _labels(ds.map(lambda ex: (0, ex[y])))
-
-
-def _check_disjoint(split_infos: Any, validation: str, train: str, test: str) -> None:
-    """Refuse a validation split that shares examples with the train or test split."""
-    def rows(spec: str) -> list[tuple[str, int, int]]:
-        out = []
-        for a in tfds.core.ReadInstruction.from_spec(spec).to_absolute(split_infos):
-            n = split_infos[a.splitname].num_examples
-            out.append((a.splitname, a.from_ or 0, n if a.to is None else a.to))
-        return out
-
-    try:
-        mine = rows(validation)
-        others = {"train_split": (train, rows(train)), "test_split": (test, rows(test))}
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return  # a spec tfds reads but this cannot: nothing to compare
-    for key, (spec, theirs) in others.items():
-        if any(a == b and max(f1, f2) < min(t1, t2)
-               for a, f1, t1 in mine for b, f2, t2 in theirs):
-            raise DistlabError(
-                f"dataset.validation={validation!r} shares examples with dataset.{key}={spec!r}"
-                ": give them disjoint slices (e.g. dataset.train_split='train[:90%]' "
-                "dataset.validation='train[90%:]'), or hold out a fraction of the train split "
-                "(dataset.validation=0.1)")
 
 
 def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tuple[Any, str]:
@@ -548,30 +527,41 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
     classes = splits.num_classes is not None
-    raw = RawSplits(train, test, _count(train), _count(test), outputs, classes, None)
+    given = {"train": train, "test": test}
+    if splits.validation is not None:
+        given["validation"] = _as_dataset(splits.validation, key, "validation")
+    counts = {name: _count(ds) for name, ds in given.items()}
+    train, num_train = slices.select(cfg.train_split, "train_split", given, counts, key)
+    test, num_test = slices.select(cfg.test_split, "test_split", given, counts, key)
+    raw = RawSplits(train, test, num_train, num_test, outputs, classes, None)
+    specs = {"train_split": cfg.train_split, "test_split": cfg.test_split}
     choice = validation_choice(cfg.validation)
     if choice == "auto":
-        choice = "given" if splits.validation is not None else AUTO_FRACTION
-    if choice is None:
+        choice = "validation" if "validation" in given else AUTO_FRACTION
+    if isinstance(choice, str):
+        if "validation" not in given and "validation" in split_names(choice):
+            raise DistlabError(
+                f"dataset.validation={choice!r} names the split 'validation', which {key} "
+                "does not return: return one (DataSplits(..., validation=...)), hold out a "
+                "fraction of the train split (dataset.validation=0.1), or name a slice of "
+                "another split (\"dataset.train_split='train[:90%]'\" "
+                "\"dataset.validation='train[90%:]'\")")
+        validation, num_validation = slices.select(choice, "validation", given, counts, key)
+        specs["validation"] = choice
+        raw = dataclasses.replace(
+            raw, validation=validation, num_validation=num_validation,
+            validation_from="DataSplits.validation" if choice == "validation" else choice)
+    slices.check_disjoint(specs, slices.split_infos(counts))
+    if not isinstance(choice, float):
         return raw
-    if isinstance(choice, float):
-        if splits.validation is not None:
-            log.warning("dataset.validation=%g holds out a fraction of the train split, so the "
-                        "validation split %s returns is not used (dataset.validation=auto "
-                        "uses it)", choice, key)
-        return dataclasses.replace(
-            raw, held_out=held_out_rows(_labels(train) if classes else None, raw.num_train,
-                                        choice, cfg.validation_seed),
-            validation_from=_held_out_name(choice, "train", classes, cfg.validation_seed))
-    if choice != "given" or splits.validation is None:
-        raise DistlabError(
-            f"dataset.validation={choice!r} names a split, but {key} is a dataset builder: "
-            "set dataset.validation=auto to use the validation split it returns "
-            "(DataSplits(..., validation=...)), or hold out a fraction of its train split "
-            "(dataset.validation=0.1)")
-    validation = _as_dataset(splits.validation, key, "validation")
-    return dataclasses.replace(raw, validation=validation, num_validation=_count(validation),
-                               validation_from="DataSplits.validation")
+    if "validation" in given:
+        log.warning("dataset.validation=%g holds out a fraction of the train split, so the "
+                    "validation split %s returns is not used (dataset.validation=auto "
+                    "uses it)", choice, key)
+    return dataclasses.replace(
+        raw, held_out=held_out_rows(_labels(train) if classes else None, raw.num_train,
+                                    choice, cfg.validation_seed),
+        validation_from=_held_out_name(choice, cfg.train_split, classes, cfg.validation_seed))
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:

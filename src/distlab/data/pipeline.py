@@ -35,7 +35,7 @@ import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import cache as data_cache
-from distlab.data import slices
+from distlab.data import finite, slices
 from distlab.data.prepared import split_names
 from distlab.errors import DistlabError, described, first_line
 
@@ -300,7 +300,8 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         files = data_cache.files_signature(source.pop("data_dir"))  # only when caching
         inputs = {**source, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
         ready = {split: disk.cached(ds, data_cache.entry_name(
-            f"{cfg.name}-{split}", {**inputs, "split": split})) for split, ds in ready.items()}
+            f"{cfg.name}-{split}", {**inputs, "split": split, "spec": str(ds.element_spec)}))
+            for split, ds in ready.items()}
     train, test = ready[cfg.train_split], ready[cfg.test_split]
     validation = ready.get(splits.validation_from)
     num_train, num_validation = splits.num_train, splits.num_validation
@@ -311,6 +312,11 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     if cfg.cache:
         train, test = train.cache(), test.cache()
         validation = validation.cache() if validation is not None else None
+    finite.check_splits(  # one pass each, which fills the memory cache: the first epoch's
+        {_role("train", cfg.train_split): train,
+         _role("validation", splits.validation_from): validation,
+         _role("test", cfg.test_split): test}, input_names(raw_input), raw_input,
+        f"dataset.name={cfg.name!r}")
     steps = steps_per_epoch or math.ceil(num_train / gb)
     return Data(
         name=cfg.name,
@@ -335,6 +341,11 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         input_spec=named_specs(train.element_spec[0]),
         standardize=standardized_inputs(cfg.preprocess, raw_input),
     )
+
+
+def _role(role: str, spec: str | None) -> str:
+    """"train split", or "train split (train[:50%])" where the spec is not the role's name."""
+    return f"{role} split" + (f" ({spec})" if spec and spec != role else "")
 
 
 @dataclass(frozen=True)
@@ -572,8 +583,9 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                                f"not {spec}")
         return dense_inputs(split)
     if isinstance(split, tuple | list) and len(split) == 2:
+        where = f"{key}: its {which} split"
         try:
-            columns = (_as_columns(split[0]), _as_column(split[1]))
+            columns = (_as_columns(split[0], where), _as_column(split[1], where, "label"))
             return dense_inputs(tf.data.Dataset.from_tensor_slices(columns))
         except (ValueError, TypeError, tf.errors.OpError) as e:
             raise DistlabError(f"{key}: its {which} split's (inputs, labels) do not make a "
@@ -582,19 +594,22 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                        f"pairs or a tuple (inputs, labels) of arrays, not {type(split).__name__}")
 
 
-def _as_columns(inputs: Any) -> Any:
+def _as_columns(inputs: Any, where: str, path: tuple[str, ...] = ()) -> Any:
     """A user's inputs as tensors for from_tensor_slices: an array, or a tuple or dict of
-    them (nested), each with one row per example."""
+    them (nested), each with one row per example. `where` (the builder and split) and the
+    input's path name it in messages."""
     if isinstance(inputs, dict):
-        return {k: _as_columns(v) for k, v in inputs.items()}
+        return {k: _as_columns(v, where, (*path, str(k))) for k, v in inputs.items()}
     if isinstance(inputs, tuple):
-        return tuple(_as_columns(v) for v in inputs)
-    return _as_column(inputs)
+        return tuple(_as_columns(v, where, (*path, str(i))) for i, v in enumerate(inputs))
+    return _as_column(inputs, where, _input_name(path) if path else "inputs")
 
 
-def _as_column(values: Any) -> Any:
+def _as_column(values: Any, where: str = "", name: str = "inputs") -> Any:
     """One input (or the labels): a NumPy array; rows of different lengths (a list of
-    sequences, an object array of arrays) a tf.RaggedTensor; Python strings tf.string."""
+    sequences, an object array of arrays) a tf.RaggedTensor; Python strings tf.string. An
+    object array with missing values (a pandas column of strings holding NaN or None) is
+    refused, naming `where` and `name`."""
     if tf.is_tensor(values):
         return values
     try:
@@ -602,6 +617,10 @@ def _as_column(values: Any) -> Any:
     except ValueError:  # rows of different lengths (NumPy refuses to make them an array)
         return _ragged(values)
     if array.dtype == object:
+        missing = finite.missing_in_objects(array)
+        if missing:
+            raise DistlabError(finite.message(where, name, missing, len(array),
+                                              "missing values (NaN or None)"))
         if all(isinstance(v, str | bytes) for v in array.ravel()):
             return array.astype(bytes if isinstance(array.ravel()[0], bytes) else str)
         return _ragged(values)
@@ -615,16 +634,31 @@ def _ragged(rows: Any) -> tf.RaggedTensor:
 
 
 def dense_inputs(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """`ds` with ragged inputs made dense per example (padded to the example's longest
-    row); batches then pad to their longest example (`batched`)."""
-    if not any(isinstance(s, tf.RaggedTensorSpec) for s in tf.nest.flatten(ds.element_spec)):
+    """`ds` with its inputs in the shapes a Keras model takes: ragged ones dense per example
+    (padded to the example's longest row; batches then pad to their longest example, see
+    `batched`), and a numeric input with one value per example (a 1-D column) shaped (1,),
+    as `keras.Input(shape=(1,))`, Dense and Concatenate expect; a string stays one string
+    per example (shape ()), as StringLookup and TextVectorization expect."""
+    if not (any(isinstance(s, tf.RaggedTensorSpec) for s in tf.nest.flatten(ds.element_spec))
+            or any(_numeric_scalar(s) for s in tf.nest.flatten(ds.element_spec[0]))):
         return ds
+
+    def shaped(x: Any) -> Any:
+        if isinstance(x, tf.RaggedTensor):
+            x = x.to_tensor()
+        return tf.reshape(x, [1]) if _numeric_scalar(x) else x
 
     def dense(x: Any) -> Any:
         return x.to_tensor() if isinstance(x, tf.RaggedTensor) else x
 
-    return ds.map(lambda x, y: (tf.nest.map_structure(dense, x), dense(y)),
+    return ds.map(lambda x, y: (tf.nest.map_structure(shaped, x), dense(y)),
                   num_parallel_calls=AUTOTUNE)
+
+
+def _numeric_scalar(x: Any) -> bool:
+    """Whether `x` (a tensor or spec) holds one number (not a string)."""
+    return isinstance(x, tf.Tensor | tf.TensorSpec) and x.shape.rank == 0 \
+        and x.dtype != tf.string
 
 
 def batched(ds: tf.data.Dataset, size: int) -> tf.data.Dataset:
@@ -636,26 +670,55 @@ def batched(ds: tf.data.Dataset, size: int) -> tf.data.Dataset:
 
 
 def input_names(spec: Any) -> list[str]:
-    """The names of the inputs, in tf.nest's order: one tensor is `inputs`; a dict's inputs
-    their keys, a tuple's their positions (`0`, `1`; nested: `a/b`)."""
+    """The names of the inputs, in tf.nest's order, as the exported SavedModel's signatures
+    take them: one tensor is `inputs`; a dict's inputs are its keys, a tuple's `input_0`,
+    `input_1`, ...; nested, the path joined by `_` (`a_b`, `a_0`). Any character but an
+    ASCII letter, digit or `_` becomes `_`, and a name that does not start with a letter gets
+    `input_` in front, so that TensorFlow keeps each name as it is (it renames an argument
+    such as `0` or `a/b`). Two inputs with one name are refused."""
     if isinstance(spec, tf.TypeSpec):
         return ["inputs"]
-    names = list(_paths(spec))
-    assert len(names) == len(tf.nest.flatten(spec)), (names, spec)
-    return names
+    paths = list(_paths(spec))
+    assert len(paths) == len(tf.nest.flatten(spec)), (paths, spec)
+    named: dict[str, tuple[str, ...]] = {}
+    for path in paths:
+        name = _input_name(path)
+        if name in named:
+            raise DistlabError(
+                f"the inputs {'/'.join(named[name])!r} and {'/'.join(path)!r} would both be "
+                f"named {name!r} (an input's name, which the exported SavedModel's signatures "
+                "take, keeps ASCII letters, digits and '_' only): rename one of the dict keys "
+                "in the dataset builder")
+        named[name] = path
+    return list(named)
 
 
-def _paths(node: Any, prefix: str = ""):
-    """Joined paths of a structure's leaves in tf.nest's order (dict keys sorted)."""
+def legacy_input_names(spec: Any) -> list[str]:
+    """The names the inputs had before they were made valid signature names: a tuple's
+    positions (`0`, `1`), nested paths joined by `/` (`a/b`); deprecated aliases."""
+    if isinstance(spec, tf.TypeSpec):
+        return ["inputs"]
+    return ["/".join(path) for path in _paths(spec)]
+
+
+def _input_name(path: tuple[str, ...]) -> str:
+    name = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_"
+                   for c in "_".join(path))
+    return name if name[:1].isascii() and name[:1].isalpha() else f"input_{name}"
+
+
+def _paths(node: Any, prefix: tuple[str, ...] = ()):
+    """The paths (keys, positions) of a structure's leaves in tf.nest's order (dict keys
+    sorted)."""
     if isinstance(node, dict):
         for key in sorted(node):
-            yield from _paths(node[key], f"{prefix}{key}/")
+            yield from _paths(node[key], (*prefix, str(key)))
     elif isinstance(node, tuple | list):
         fields = getattr(node, "_fields", None) or range(len(node))
         for field, value in zip(fields, node, strict=True):
-            yield from _paths(value, f"{prefix}{field}/")
+            yield from _paths(value, (*prefix, str(field)))
     else:
-        yield prefix[:-1]
+        yield prefix
 
 
 def named_specs(spec: Any) -> Any:
@@ -696,6 +759,7 @@ def preprocessed_inputs(cfg: DictConfig, raw: Any) -> list[str]:
         settings.append(("standardize", "true"))
     chosen = cfg.get("inputs")
     if chosen is not None:
+        chosen = [_renamed(str(name), raw) for name in chosen]
         for name in chosen:
             if name not in dtypes:
                 raise DistlabError(f"dataset.preprocess.inputs names {name!r}, which is not an "
@@ -724,6 +788,24 @@ def preprocessed_inputs(cfg: DictConfig, raw: Any) -> list[str]:
             f"the float inputs, and this dataset's are {describe_inputs(raw)}; name the "
             f"numeric inputs to preprocess in dataset.preprocess.inputs, or set it to {off}")
     return chosen
+
+
+_WARNED_RENAMED: set[str] = set()
+
+
+def _renamed(name: str, raw: Any) -> str:
+    """An input's name, given as it is or as it was before (`0`, `a/b`: a deprecated alias,
+    which warns once)."""
+    names = input_names(raw)
+    old = dict(zip(legacy_input_names(raw), names, strict=True))
+    if name in names or name not in old:
+        return name
+    if name not in _WARNED_RENAMED:
+        _WARNED_RENAMED.add(name)
+        log.warning("dataset.preprocess.inputs names %r, the name this input had before "
+                    "distlab named inputs as the SavedModel's signatures take them; it is now "
+                    "%r: write that (the old name is a deprecated alias)", name, old[name])
+    return old[name]
 
 
 def make_preprocess(cfg: DictConfig, raw: Any) -> Callable[[Any], Any]:

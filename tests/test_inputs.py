@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -83,6 +84,29 @@ def test_user_structures_load_pad_per_batch_and_split_over_replicas():
     pair = _load(*USER, "dataset.name=tuple_data")  # a tuple of inputs: named by position
     assert pipeline.input_names(pair.input_spec) == ["input_0", "input_1"]
     assert [s.dtype for s in pair.input_spec] == [tf.float32, tf.float32]  # float64 -> 32
+
+
+def test_input_names_are_those_the_saved_models_signatures_take(caplog):
+    """TensorFlow renames a signature argument that is not a Python name (`0` -> `arg_0`,
+    `a/b` -> `a_b`): distlab names inputs so that it keeps them, and refuses two inputs that
+    would share one name; the old names still work in dataset.preprocess.inputs (once
+    warned)."""
+    t = tf.TensorSpec([2], tf.float32)
+    assert pipeline.input_names(t) == ["inputs"]
+    assert pipeline.input_names((t, t)) == ["input_0", "input_1"]
+    assert pipeline.input_names({"a": {"b": t}, "c": (t, (t,))}) == ["a_b", "c_0", "c_1_0"]
+    assert pipeline.input_names({"bill length (mm)": t, "1st": t, "Über": t}) == [
+        "input_1st", "bill_length__mm_", "input__ber"]
+    with pytest.raises(DistlabError, match="the inputs 'a/b' and 'a_b' would both be named "
+                       "'a_b'.*rename one of the dict keys"):
+        pipeline.input_names({"a": {"b": t}, "a_b": t})
+    for _ in range(2):
+        data = _load(*USER, "dataset.name=tuple_data", "dataset.preprocess.rescale=2",
+                     "dataset.preprocess.inputs=['1']")
+    features, _ = next(iter(data.train_epochs(0, 1)))
+    np.testing.assert_allclose(features[1], user_inputs.tuple_arrays()[1][:80] / 2, rtol=1e-6)
+    warned = [r.getMessage() for r in caplog.records if "deprecated alias" in r.getMessage()]
+    assert len(warned) == 1 and "names '1'" in warned[0] and "now 'input_1'" in warned[0]
 
 
 def test_preprocess_applies_to_float_inputs_or_the_named_ones():
@@ -221,6 +245,47 @@ def test_standardize_adapts_each_input_of_any_structure(name, inputs):
     assert model(batch).shape == (8, 2)
     assert sum(isinstance(layer, type(next(iter(layers.values()))))
                for layer in model._flatten_layers()) == len(inputs)
+
+
+def readme_block(marker: str) -> str:
+    """The README's indented code block that contains `marker`, dedented, as pasted."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if marker in line)
+    start = at
+    while start > 0 and (lines[start - 1].startswith("    ") or not lines[start - 1].strip()):
+        start -= 1
+    end = at
+    while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+        end += 1
+    return textwrap.dedent("\n".join(lines[start:end])).strip() + "\n"
+
+
+@pytest.fixture
+def readme_tabular(monkeypatch):
+    """The README's my_tabular snippet, executed as pasted (its registrations undone after
+    the test)."""
+    from distlab.registry import DATASETS, MODELS
+
+    for registry in (DATASETS, MODELS):
+        monkeypatch.setattr(registry, "_items", dict(registry._items))
+        monkeypatch.setattr(registry, "_origin", dict(registry._origin))
+    code = readme_block('@distlab.register("model", "my_tabular")')
+    assert code.startswith("# my_project/my_tabular.py\nimport keras")
+    exec(compile(code, "README.md", "exec"), {"__name__": "my_tabular"})
+    return ("dataset.name=my_people", "model.name=my_tabular", "dataset.preprocess.rescale=null",
+            "dataset.preprocess.standardize=true")
+
+
+def test_the_readmes_tabular_snippet_builds_on_the_data_it_describes(readme_tabular):
+    """A 1-D float column is an input of shape (1,) (it was (), and the snippet's
+    Concatenate refused [(None,), (None, 4)]), as the README's line says."""
+    from distlab.components import models
+
+    data = _load(*readme_tabular, replicas=1)
+    assert pipeline.describe_inputs(data.raw_input) == "age: float32 (1,), city: string ()"
+    assert "age: float32 (1,), city: string ()" in (ROOT / "README.md").read_text()
+    model = models.build_for(compose(list(readme_tabular)).model, data)
+    assert model(next(iter(data.train_inputs(8)))).shape == (8, 2)
 
 
 # ---- mistakes: one line naming the key, exit status 2
@@ -470,3 +535,14 @@ def test_standardize_reaches_the_accuracy_of_pasted_statistics(run_inprocess):
     pasted = run_inprocess(*common, *(f"dataset.preprocess.{k}={v}" for k, v in listed.items()))
     assert pasted["test_accuracy"] > 0.9
     assert learned["test_accuracy"] == pytest.approx(pasted["test_accuracy"], abs=0.005)
+
+
+@pytest.mark.slow
+def test_the_readmes_tabular_snippet_trains_and_serves(readme_tabular, run_inprocess, tmp_path):
+    run_dir = tmp_path / "run"
+    results = run_inprocess(*readme_tabular, "strategy=default", "trainer.epochs=8",
+                            "optimizer.learning_rate=0.02", "trainer.export=true", out=run_dir)
+    assert results["test_accuracy"] > 0.8  # (age > 50) xor (city == "Oslo"): both inputs count
+    signature = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    logits = signature(age=tf.constant([[30.0], [70.0]]), city=tf.constant(["Oslo", "Oslo"]))
+    assert logits["output_0"].shape == (2, 2)

@@ -99,6 +99,22 @@ def test_a_missing_value_in_a_string_column_is_named():
         _refused(builder, "dataset.name='with_gaps': its train split has missing values (NaN "
                  "or None) in input 'species' in 2 of 40 rows")
 
+    def mixed(cfg):  # strings and numbers in one column: named too
+        (x, y), test = _columns(40, 0), _columns(10, 1)
+        x["species"][3] = 7
+        return DataSplits(train=(x, y), test=test, num_classes=2)
+
+    with pytest.raises(DistlabError, match=re.escape(
+            "its train split has values of several types in input 'species' (int, str)")):
+        _load(mixed)
+
+    def numbers(cfg):  # a column of numbers held as objects (pandas' object dtype): numbers
+        (x, y), test = _columns(40, 0), _columns(10, 1)
+        x["mass"] = x["mass"].astype(object)
+        return DataSplits(train=(x, y), test=test, num_classes=2)
+
+    assert _load(numbers).raw_input["mass"].dtype == tf.float64
+
 
 def test_the_check_reads_each_split_once_not_each_epoch(tmp_path):
     """The check's one pass fills the in-memory cache: the source is read once, for the

@@ -20,8 +20,9 @@ def message(where: str, name: str, rows: int, total: int, what: str = "NaN or In
     """One line: `where` (e.g. "dataset.name='penguins': its train split") has `what` in
     input `name` (or "label") in `rows` of its `total` rows, and the remedy."""
     which = "the label" if name == "label" else f"input {name!r}"
-    return (f"{where} has {what} in {which} in {rows} of {total} rows: distlab trains and "
-            f"scores on finite numbers only; {REMEDY}")
+    why = ("a model trains and is scored on finite numbers only" if what == "NaN or Inf" else
+           "distlab does not fill in missing values")
+    return f"{where} has {what} in {which} in {rows} of {total} rows: {why}; {REMEDY}"
 
 
 def missing_in_objects(array: np.ndarray) -> int:

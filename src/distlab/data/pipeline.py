@@ -621,8 +621,17 @@ def _as_column(values: Any, where: str = "", name: str = "inputs") -> Any:
         if missing:
             raise DistlabError(finite.message(where, name, missing, len(array),
                                               "missing values (NaN or None)"))
-        if all(isinstance(v, str | bytes) for v in array.ravel()):
-            return array.astype(bytes if isinstance(array.ravel()[0], bytes) else str)
+        cells = array.ravel()
+        if all(isinstance(v, str | bytes) for v in cells):
+            return array.astype(bytes if isinstance(cells[0], bytes) else str)
+        scalars = [type(v).__name__ for v in cells if np.ndim(v) == 0]
+        if len(scalars) == len(cells):  # one value a cell: numbers (pandas object dtype), or mixed
+            if all(isinstance(v, int | float | np.number | np.bool_) for v in cells):
+                return np.array(array.tolist())
+            raise DistlabError(
+                f"{where} has values of several types in input {name!r} "
+                f"({', '.join(sorted(set(scalars)))}): give each input one type (strings, or "
+                "numbers) in the dataset builder (e.g. pandas' astype)")
         return _ragged(values)
     return array
 

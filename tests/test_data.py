@@ -92,3 +92,37 @@ def test_unknown_dataset_name(tiny_data_dir):
     with pytest.raises(DistlabError, match="dataset.name='no_such_dataset'"):
         data_lib.load(_cfg(tiny_data_dir, "dataset.name=no_such_dataset"), num_replicas=1,
                       seed=0, steps_per_epoch=None)
+
+
+def test_every_seed_orders_and_augments_its_epochs_by_seed_and_epoch_only(tiny_data_dir):
+    """seed=0 (tf.data's shuffle failed inside the per-epoch function), the largest seed, and
+    seeds 2**31-1 apart (tf.data folds seeds modulo 2**31-1): each trains on an order of its
+    own, whatever global seed the process has; seeds below 2**31-1 keep the order tf.data's
+    shuffle gave them (a run trained before resumes on the same batches)."""
+    cfg = _cfg(tiny_data_dir, "dataset.validation=null", "dataset.augment.flip=horizontal",
+               "dataset.augment.crop_padding=2")
+
+    def epochs(seed: int, process_seed: int) -> tuple[np.ndarray, np.ndarray]:
+        tf.random.set_seed(process_seed)  # a run sets it to its seed (keras.utils)
+        d = data_lib.load(cfg, num_replicas=1, seed=seed, steps_per_epoch=None)
+        batches = list(d.train_epochs(0, 2))
+        return np.concatenate([b[1].numpy() for b in batches]), batches[0][0].numpy()
+
+    seeds = (0, 1, 2**31 - 1, 2**32 - 1)
+    orders = {}
+    for seed in seeds:
+        labels, images = epochs(seed, seed)
+        again, same_images = epochs(seed, 7)
+        np.testing.assert_array_equal(labels, again)
+        np.testing.assert_array_equal(images, same_images)  # augmented alike
+        assert not np.array_equal(labels[:TINY_TRAIN], labels[TINY_TRAIN:])  # per epoch
+        orders[seed] = labels
+    assert len({o.tobytes() for o in orders.values()}) == len(seeds), "two seeds, one order"
+
+    d = data_lib.load(cfg, num_replicas=1, seed=5, steps_per_epoch=None)
+    labels = d.train.map(lambda x, y: y)
+    tf.random.set_seed(5)
+    before = tf.data.Dataset.range(2).flat_map(
+        lambda e: labels.shuffle(d.shuffle_buffer, seed=5 * 1_000_003 + e))
+    np.testing.assert_array_equal(np.fromiter(before.as_numpy_iterator(), np.int64),
+                                  np.concatenate([b[1].numpy() for b in d.train_epochs(0, 2)]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,37 @@ def test_a_callback_saves_the_whole_model_in_both_loops(loop, tmp_path, run_inpr
     (served,) = serve(tf.constant(raw)).values()  # raw pixels in; dataset.preprocess inside
     np.testing.assert_allclose(saved.predict(raw.astype(np.float32) / 255, verbose=0),
                                served.numpy(), atol=1e-5)
+
+
+def test_tuple_inputs_are_served_under_the_names_the_log_gives(tmp_path, run_inprocess, caplog):
+    """A tuple's inputs are `input_0`, `input_1` in the log and in the SavedModel's signature
+    (they were `0`, `1` in the log while TensorFlow renamed them `arg_0`, `arg_1`), with
+    standardize (Normalization on a tuple) inside; saved_model_cli serves them by name."""
+    import tensorflow as tf
+    import user_inputs
+
+    run_dir = tmp_path / "run"
+    caplog.set_level(logging.INFO, logger="distlab")
+    results = run_inprocess("imports=[user_inputs]", "dataset.name=tuple_data",
+                            "dataset.preprocess.rescale=null", "model.name=flat_net",
+                            "dataset.preprocess.standardize=true", "strategy=default",
+                            "trainer.epochs=1", "trainer.export=true", out=run_dir)
+    assert results["status"] == "completed"
+    assert "serving_default takes raw inputs input_0: float32 (2,), input_1: float64 (4,)" \
+        in caplog.text
+    signature = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    assert {k: tuple(s.shape) for k, s in signature.structured_input_signature[1].items()} == {
+        "input_0": (None, 2), "input_1": (None, 4)}
+    a, b, y = user_inputs.tuple_arrays()
+    for name, values in (("input_0", a[80:]), ("input_1", b[80:])):
+        np.save(tmp_path / f"{name}.npy", values)
+    cli = Path(sys.executable).parent / "saved_model_cli"
+    served = subprocess.run(
+        [str(cli), "run", "--dir", str(run_dir / "saved_model"), "--tag_set", "serve",
+         "--signature_def", "serving_default", "--outdir", str(tmp_path / "served"), "--inputs",
+         f"input_0={tmp_path / 'input_0.npy'};input_1={tmp_path / 'input_1.npy'}"],
+        capture_output=True, text=True, timeout=180)
+    assert served.returncode == 0, served.stderr[-3000:]
+    logits = np.load(tmp_path / "served" / "output_0.npy")
+    assert float(np.mean(logits.argmax(-1) == y[80:])) == pytest.approx(
+        results["test_accuracy"], abs=1e-9)

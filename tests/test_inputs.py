@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +81,31 @@ def test_user_structures_load_pad_per_batch_and_split_over_replicas():
     stream = _load(*USER, "dataset.name=mixed_stream")  # a tf.data.Dataset of (dict, label)
     assert sorted(stream.input_spec) == ["color", "num"]
     pair = _load(*USER, "dataset.name=tuple_data")  # a tuple of inputs: named by position
-    assert pipeline.input_names(pair.input_spec) == ["0", "1"]
+    assert pipeline.input_names(pair.input_spec) == ["input_0", "input_1"]
     assert [s.dtype for s in pair.input_spec] == [tf.float32, tf.float32]  # float64 -> 32
+
+
+def test_input_names_are_those_the_saved_models_signatures_take(caplog):
+    """TensorFlow renames a signature argument that is not a Python name (`0` -> `arg_0`,
+    `a/b` -> `a_b`): distlab names inputs so that it keeps them, and refuses two inputs that
+    would share one name; the old names still work in dataset.preprocess.inputs (once
+    warned)."""
+    t = tf.TensorSpec([2], tf.float32)
+    assert pipeline.input_names(t) == ["inputs"]
+    assert pipeline.input_names((t, t)) == ["input_0", "input_1"]
+    assert pipeline.input_names({"a": {"b": t}, "c": (t, (t,))}) == ["a_b", "c_0", "c_1_0"]
+    assert pipeline.input_names({"bill length (mm)": t, "1st": t, "Über": t}) == [
+        "input_1st", "bill_length__mm_", "input__ber"]
+    with pytest.raises(DistlabError, match="the inputs 'a/b' and 'a_b' would both be named "
+                       "'a_b'.*rename one of the dict keys"):
+        pipeline.input_names({"a": {"b": t}, "a_b": t})
+    for _ in range(2):
+        data = _load(*USER, "dataset.name=tuple_data", "dataset.preprocess.rescale=2",
+                     "dataset.preprocess.inputs=['1']")
+    features, _ = next(iter(data.train_epochs(0, 1)))
+    np.testing.assert_allclose(features[1], user_inputs.tuple_arrays()[1][:80] / 2, rtol=1e-6)
+    warned = [r.getMessage() for r in caplog.records if "deprecated alias" in r.getMessage()]
+    assert len(warned) == 1 and "names '1'" in warned[0] and "now 'input_1'" in warned[0]
 
 
 def test_preprocess_applies_to_float_inputs_or_the_named_ones():
@@ -155,7 +179,7 @@ def test_tfds_feature_list_gives_a_dict_and_the_disk_cache_keeps_it(reviews_dir,
     second = _load(*args)  # reads them back
     assert {k: s.dtype.name for k, s in second.input_spec.items()} == {
         "text": "string", "stars": "float32", "tokens": "int64"}
-    assert second.input_shape == {"text": (), "stars": (), "tokens": (None,)}
+    assert second.input_shape == {"text": (), "stars": (1,), "tokens": (None,)}
     for a, b in zip(first.train_epochs(0, 1), second.train_epochs(0, 1), strict=True):
         for got, want in zip(tf.nest.flatten(b), tf.nest.flatten(a), strict=True):
             np.testing.assert_array_equal(got, want)
@@ -192,6 +216,75 @@ def test_adapted_statistics_are_deterministic_and_follow_a_restore(tmp_path):
     assert not np.allclose(restored(x_train[:4]), a(x_train[:4]))  # adapt's stale copy
     models.refresh_adapted(restored)
     np.testing.assert_array_equal(restored(x_train[:4]), a(x_train[:4]))
+
+
+@pytest.mark.parametrize("name, inputs", [
+    ("raw_breast_cancer", {"inputs": 30}), ("tuple_data", {"input_0": 2, "input_1": 4}),
+    ("dict_floats", {"x": 3, "z": 1}), ("nested_floats", {"a_b": 3, "c": 1})])
+def test_standardize_adapts_each_input_of_any_structure(name, inputs):
+    """dataset.preprocess.standardize on one tensor, a tuple (it failed: tf.data's map passed
+    the tuple's second input as an index), a dict and a nested dict: one Normalization layer
+    per input, holding that input's per-feature mean and variance on the training split,
+    in front of a model that takes the raw structure."""
+    from distlab.components import models
+
+    data = _load(*USER, f"dataset.name={name}", "dataset.preprocess.standardize=true",
+                 replicas=1)
+    model = models.build_for(compose(["model.name=flat_net", *USER]).model, data)
+    layers = models.standardization(data)
+    assert {k: int(layer.adapt_mean.shape[-1]) for k, layer in layers.items()} == inputs
+    rows = [tf.nest.flatten(x) for x, _ in data.train.as_numpy_iterator()]
+    for i, (input_name, layer) in enumerate(layers.items()):
+        values = np.stack([r[i] for r in rows]).reshape(len(rows), -1)
+        np.testing.assert_allclose(layer.adapt_mean.numpy().ravel(), values.mean(0), rtol=1e-4,
+                                   atol=1e-5, err_msg=input_name)
+        np.testing.assert_allclose(np.sqrt(layer.adapt_variance.numpy().ravel()), values.std(0),
+                                   rtol=1e-3, err_msg=input_name)
+    batch = next(iter(data.train_inputs(8)))
+    assert model(batch).shape == (8, 2)
+    assert sum(isinstance(layer, type(next(iter(layers.values()))))
+               for layer in model._flatten_layers()) == len(inputs)
+
+
+def readme_block(marker: str) -> str:
+    """The README's indented code block that contains `marker`, dedented, as pasted."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if marker in line)
+    start = at
+    while start > 0 and (lines[start - 1].startswith("    ") or not lines[start - 1].strip()):
+        start -= 1
+    end = at
+    while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+        end += 1
+    return textwrap.dedent("\n".join(lines[start:end])).strip() + "\n"
+
+
+@pytest.fixture
+def readme_tabular(monkeypatch):
+    """The README's my_tabular snippet, executed as pasted (its registrations undone after
+    the test)."""
+    from distlab.registry import DATASETS, MODELS
+
+    for registry in (DATASETS, MODELS):
+        monkeypatch.setattr(registry, "_items", dict(registry._items))
+        monkeypatch.setattr(registry, "_origin", dict(registry._origin))
+    code = readme_block('@distlab.register("model", "my_tabular")')
+    assert code.startswith("# my_project/my_tabular.py\nimport keras")
+    exec(compile(code, "README.md", "exec"), {"__name__": "my_tabular"})
+    return ("dataset.name=my_people", "model.name=my_tabular", "dataset.preprocess.rescale=null",
+            "dataset.preprocess.standardize=true")
+
+
+def test_the_readmes_tabular_snippet_builds_on_the_data_it_describes(readme_tabular):
+    """A 1-D float column is an input of shape (1,) (it was (), and the snippet's
+    Concatenate refused [(None,), (None, 4)]), as the README's line says."""
+    from distlab.components import models
+
+    data = _load(*readme_tabular, replicas=1)
+    assert pipeline.describe_inputs(data.raw_input) == "age: float32 (1,), city: string ()"
+    assert "age: float32 (1,), city: string ()" in (ROOT / "README.md").read_text()
+    model = models.build_for(compose(list(readme_tabular)).model, data)
+    assert model(next(iter(data.train_inputs(8)))).shape == (8, 2)
 
 
 # ---- mistakes: one line naming the key, exit status 2
@@ -422,3 +515,14 @@ def test_standardize_reaches_the_accuracy_of_pasted_statistics(run_inprocess):
     pasted = run_inprocess(*common, *(f"dataset.preprocess.{k}={v}" for k, v in listed.items()))
     assert pasted["test_accuracy"] > 0.9
     assert learned["test_accuracy"] == pytest.approx(pasted["test_accuracy"], abs=0.005)
+
+
+@pytest.mark.slow
+def test_the_readmes_tabular_snippet_trains_and_serves(readme_tabular, run_inprocess, tmp_path):
+    run_dir = tmp_path / "run"
+    results = run_inprocess(*readme_tabular, "strategy=default", "trainer.epochs=8",
+                            "optimizer.learning_rate=0.02", "trainer.export=true", out=run_dir)
+    assert results["test_accuracy"] > 0.8  # (age > 50) xor (city == "Oslo"): both inputs count
+    signature = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
+    logits = signature(age=tf.constant([[30.0], [70.0]]), city=tf.constant(["Oslo", "Oslo"]))
+    assert logits["output_0"].shape == (2, 2)

@@ -203,3 +203,28 @@ def test_evaluate_mode_says_which_figures_are_the_training_runs(run_inprocess, r
     assert evaluated["global_batch_size"] == 64  # the evaluation's own batch
     assert evaluated["trained"]["global_batch_size"] == 128
     assert evaluated["trained"]["steps_per_epoch"] == 6
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_seed_zero_and_the_largest_seed_train(loop, run_inprocess):
+    """seed=0 failed every run (tf.data's shuffle seed); every seed in [0, 2**32) trains, with
+    augmentation on and off (the sweep of seeds 0, 1, 2: test_a_sweep_over_seeds_from_zero)."""
+    for seed, flip in ((0, "none"), (2**32 - 1, "horizontal")):
+        results = run_inprocess(*MLP, f"loop={loop}", f"seed={seed}",
+                                f"dataset.augment.flip={flip}", "trainer.epochs=1",
+                                "trainer.steps_per_epoch=3")
+        assert (results["status"], results["epochs_completed"]) == ("completed", 1), seed
+        assert results["test_loss"] > 0 and results["val_loss"] > 0
+
+
+def test_a_sweep_over_seeds_from_zero(tiny_data_dir, tmp_path):
+    out = run_cli("-m", *fast_overrides(tiny_data_dir), "seed=0,1,2", "trainer.epochs=1",
+                  "trainer.steps_per_epoch=3", "dataset.augment.crop_padding=2", *MLP,
+                  f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    losses = []
+    for job in range(3):
+        results = json.loads((tmp_path / str(job) / "results.json").read_text())
+        assert (results["status"], results["epochs_completed"]) == ("completed", 1), job
+        losses.append(results["test_loss"])
+    assert len(set(losses)) == 3  # three seeds, three runs

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -94,9 +95,63 @@ def test_a_builders_own_validation_split(tiny_data_dir, monkeypatch):
     assert (held.num_train, held.num_validation) == (81, 9)  # stratified: 0.1 of each class
     assert _load(tiny_data_dir, "dataset.name=three_splits",
                  "dataset.validation=null").validation is None
-    with pytest.raises(DistlabError, match="dataset.validation='validation' names a split, "
-                       "but dataset.name='three_splits' is a dataset builder"):
-        _load(tiny_data_dir, "dataset.name=three_splits", "dataset.validation=validation")
+    named = _load(tiny_data_dir, "dataset.name=three_splits", "dataset.validation=validation")
+    assert (named.num_validation, named.validation_from) == (20, "DataSplits.validation")
+
+
+def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
+    """dataset.train_split / test_split / validation slice a builder's splits as tfds slices
+    its own (they were recorded and ignored): the rows, steps per epoch and test rows follow."""
+    from distlab import DataSplits
+    from distlab.registry import DATASETS
+
+    def rows(first: int, n: int):  # input = the row's id, so that each row can be traced
+        ids = np.arange(first, first + n, dtype=np.float32)[:, None]
+        return ids, (np.arange(n) % 2).astype(np.int64)
+
+    monkeypatch.setitem(DATASETS._items, "ids",
+                        lambda cfg: DataSplits(train=rows(0, 800), test=rows(1000, 100),
+                                               num_classes=2))
+    user = ("dataset.name=ids", "dataset.preprocess.rescale=null", "dataset.shuffle_buffer=0")
+
+    def ids(ds: tf.data.Dataset) -> list[int]:
+        return [int(x[0]) for x, _ in ds.as_numpy_iterator()]
+
+    def load(*overrides: str) -> pipeline.Data:
+        return _load(tiny_data_dir, *user, "dataset.validation=null", *overrides)
+
+    whole = load()
+    assert (whole.num_train, whole.steps_per_epoch, whole.num_test) == (800, 13, 100)
+    half = load("dataset.train_split='train[:50%]'")
+    assert (half.num_train, half.steps_per_epoch) == (400, 7)
+    assert ids(half.train) == list(range(400))
+    assert load("dataset.train_split='train[:800]'").steps_per_epoch == 13
+    tail = load("dataset.test_split='test[10:]'")
+    assert tail.num_test == 90 and ids(tail.test.unbatch()) == list(range(1010, 1100))
+    assert tail.steps_per_epoch == 13
+    sliced = _load(tiny_data_dir, *user, "dataset.train_split='train[:90%]'",
+                   "dataset.validation='train[90%:]'")
+    assert (sliced.num_train, sliced.num_validation, sliced.validation_from) == (
+        720, 80, "train[90%:]")
+    assert ids(sliced.validation.unbatch()) == list(range(720, 800))
+    held = _load(tiny_data_dir, *user, "dataset.train_split='train[:50%]'",
+                 "dataset.validation=0.1")
+    assert (held.num_train, held.num_validation) == (360, 40)
+    assert max(ids(held.train) + ids(held.validation.unbatch())) == 399
+
+    for overrides, message in (
+            (["dataset.test_split='train[:10]'"], "dataset.test_split='train[:10]' shares "
+             "examples with dataset.train_split='train'"),
+            (["dataset.train_split='train[:0]'"], "dataset.train_split='train[:0]' selects no "
+             "rows of the splits dataset.name='ids' returns: train (800 rows), test (100 rows)"),
+            (["dataset.train_split=valid"], "dataset.train_split='valid' cannot be read from "
+             "the splits dataset.name='ids' returns: .* Unknown split 'valid'"),
+            (["dataset.validation=validation"], "dataset.validation='validation' names the "
+             "split 'validation', which dataset.name='ids' does not return")):
+        with pytest.raises(DistlabError, match=re.escape(message).replace(r"\.\*", ".*")):
+            _load(tiny_data_dir, *user, *overrides)
+    with pytest.raises(DistlabError, match=re.escape("dataset.test_split='train[:10]' shares")):
+        _load(tiny_data_dir, "dataset.test_split='train[:10]'")  # a tfds dataset's, likewise
 
 
 @pytest.mark.parametrize("overrides,needle", [
@@ -293,3 +348,15 @@ def test_an_evaluation_on_moved_rows_or_with_other_preprocessing_is_refused(exam
     error = _refused(example, *evaluate, "dataset.split_seed=7", out=tmp_path / "old")
     assert error.startswith(f"ckpt_path={trained} was trained with dataset.split_seed=0, and "
                             "this evaluation's splits differ")
+
+
+@pytest.mark.slow
+def test_a_run_on_a_slice_of_a_builders_splits(run_inprocess):
+    """The figures of a run follow dataset.train_split on a builder (426 training rows):
+    half of them (213; 22 held out for validation) is 3 steps of 64, not 6."""
+    user = ("imports=[user_inputs]", "dataset.name=raw_breast_cancer",
+            "dataset.preprocess.rescale=null", "model=mlp", "model.hidden_units=[8]",
+            "trainer.epochs=1", "strategy=default")
+    half = run_inprocess(*user, "dataset.train_split='train[:50%]'")
+    assert (half["steps_per_epoch"], half["num_validation"]) == (3, 22)
+    assert half["validation"].startswith("0.1 of train[:50%], held out")

@@ -2,9 +2,11 @@
 
 Datasets: `mixed_data` (a dict of NumPy arrays: floats, a string category, variable-length
 integer ids), `mixed_stream` (the same as a tf.data.Dataset of (dict, label)), `text_data`
-(one string per example), `tuple_data` (a tuple of two float inputs) and `raw_breast_cancer`
+(one string per example), `tuple_data` (a tuple of two float inputs), `dict_floats` and
+`nested_floats` (a dict and a nested dict of float inputs) and `raw_breast_cancer`
 (scikit-learn's 30 raw features). Models: `mixed_net` (StringLookup adapted on the training
-split, an Embedding of the ids) and `text_net` (TextVectorization adapted on it).
+split, an Embedding of the ids), `text_net` (TextVectorization adapted on it) and `flat_net`
+(any structure of numeric inputs, flattened and concatenated).
 """
 
 from __future__ import annotations
@@ -64,13 +66,57 @@ def text_data(cfg):
     return distlab.DataSplits(train=sentences(256, 0), test=sentences(96, 1), num_classes=2)
 
 
-@distlab.register("dataset", "tuple_data")
-def tuple_data(cfg):
+def tuple_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """a (100, 2) float32, b (100, 4) float64, y = a[:, 0] > b[:, 0]: `tuple_data`'s rows."""
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(100, 2)).astype(np.float32), rng.normal(size=(100, 4))
-    y = (a[:, 0] > b[:, 0]).astype(np.int64)
+    return a, b, (a[:, 0] > b[:, 0]).astype(np.int64)
+
+
+@distlab.register("dataset", "tuple_data")
+def tuple_data(cfg):
+    a, b, y = tuple_arrays()
     return distlab.DataSplits(train=((a[:80], b[:80]), y[:80]), test=((a[80:], b[80:]), y[80:]),
                               num_classes=2)
+
+
+def float_columns(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x (n, 3) float32 and z (n,) float64 on their own scales, y = x[:, 0] + z > 0."""
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, 3)) * [1, 10, 100] + [0, 5, -50]).astype(np.float32)
+    z = rng.normal(3.0, 2.0, size=n)
+    return x, z, (x[:, 0] + z - 3 > 0).astype(np.int64)
+
+
+@distlab.register("dataset", "dict_floats")
+def dict_floats(cfg):
+    """A dict of two float inputs: x (3 features) and z (one value per example)."""
+    def split(n, seed):
+        x, z, y = float_columns(n, seed)
+        return {"x": x, "z": z}, y
+    return distlab.DataSplits(train=split(120, 0), test=split(40, 1), num_classes=2)
+
+
+@distlab.register("dataset", "nested_floats")
+def nested_floats(cfg):
+    """A nested dict: {"a": {"b": x}, "c": z} (inputs named a_b and c)."""
+    def split(n, seed):
+        x, z, y = float_columns(n, seed)
+        return {"a": {"b": x}, "c": z}, y
+    return distlab.DataSplits(train=split(120, 0), test=split(40, 1), num_classes=2)
+
+
+@distlab.register("model", "flat_net")
+def flat_net(cfg, input_shape, outputs, *, input_spec):
+    """Every (numeric) input flattened and concatenated, one hidden layer: any structure."""
+    import keras
+    import tensorflow as tf
+
+    inputs = distlab.keras_inputs(input_spec)
+    flat = [keras.layers.Flatten()(t) for t in tf.nest.flatten(inputs)]
+    x = keras.layers.Concatenate()(flat) if len(flat) > 1 else flat[0]
+    x = keras.layers.Dense(16, activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(outputs)(x), name="flat_net")
 
 
 def breast_cancer_split() -> tuple[np.ndarray, ...]:

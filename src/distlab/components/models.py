@@ -16,6 +16,7 @@ the model, so checkpoints, the multi-worker broadcast and the SavedModel hold th
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -209,7 +210,8 @@ def build_for(cfg: DictConfig, data: Data, outputs: int | None = None) -> keras.
     layers = standardization(data)
     train_inputs = data.train_inputs()
     if layers:
-        train_inputs = train_inputs.map(lambda x: standardize(x, layers, data.input_spec))
+        train_inputs = map_inputs(train_inputs, data.input_spec,
+                                  lambda x: standardize(x, layers, data.input_spec))
     model = build(cfg, data.input_shape, outputs or data.outputs, input_spec=data.input_spec,
                   train_inputs=train_inputs)
     if not layers:
@@ -241,9 +243,18 @@ def standardization(data: Data) -> dict[str, keras.layers.Normalization]:
         index = names.index(name)
         layer = keras.layers.Normalization(axis=-1 if spec.shape.rank else None,
                                            dtype="float32", name=f"standardize_{_safe(name)}")
-        layer.adapt(data.train_inputs().map(lambda x, i=index: tf.nest.flatten(x)[i]))
+        layer.adapt(map_inputs(data.train_inputs(), data.input_spec,
+                               lambda x, i=index: tf.nest.flatten(x)[i]))
         layers[name] = layer
     return layers
+
+
+def map_inputs(ds: tf.data.Dataset, input_spec: Any, fn: Callable[[Any], Any]) -> tf.data.Dataset:
+    """`ds.map(fn)` over a dataset of inputs structured as `input_spec`, `fn` taking the
+    whole structure (tf.data's map passes a tuple's items as separate arguments)."""
+    if type(input_spec) is tuple:
+        return ds.map(lambda *x: fn(x))
+    return ds.map(fn)
 
 
 def standardize(inputs: Any, layers: dict[str, keras.layers.Layer], input_spec: Any) -> Any:

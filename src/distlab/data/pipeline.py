@@ -35,6 +35,8 @@ import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import cache as data_cache
+from distlab.data import finite, slices
+from distlab.data.prepared import split_names
 from distlab.errors import DistlabError, described, first_line
 
 log = logging.getLogger(__name__)
@@ -100,8 +102,7 @@ class Data:
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
             ds = base
             if buffer > 0:
-                ds = ds.shuffle(buffer, seed=seed * 1_000_003 + epoch,
-                                reshuffle_each_iteration=True)
+                ds = shuffled(ds, buffer, seed, epoch)
             if augment is not None:  # seeded by (seed, epoch, place in the epoch)
                 key = seed * 1_000_003 + epoch + 1
                 ds = ds.enumerate().map(
@@ -116,6 +117,32 @@ class Data:
         if skip_steps:
             epochs = epochs.skip(skip_steps)
         return _no_autotune(epochs.prefetch(AUTOTUNE))
+
+
+_MAXINT32 = 2**31 - 1
+
+
+def shuffled(ds: tf.data.Dataset, buffer: int, seed: int, epoch: tf.Tensor) -> tf.data.Dataset:
+    """`ds` shuffled through a buffer of `buffer` examples, seeded by (`seed`, `epoch`) only.
+
+    tf.data's own `shuffle(seed=...)` pairs its seed with the process's global seed in
+    Python: with a tensor seed (the epoch) it fails when that global seed is 0 modulo
+    2**31-1 (`seed=0`), seeds s and s + 2**31-1 shuffle alike, and the order depends on
+    whatever global seed the process has. Here the op gets its two seeds explicitly: the
+    run's `seed` whole, and (seed * 1_000_003 + epoch) modulo 2**31-1, which is what
+    `shuffle` under `tf.random.set_seed(seed)` gave for seeds in [1, 2**31-1) (a run trained
+    before resumes on the same batches)."""
+    seed2 = tf.math.floormod(tf.cast(epoch, tf.int64) + seed * 1_000_003, _MAXINT32)
+    if seed == 0:  # (0, 0) would mean "nondeterministic" to the op (tf.data maps it too)
+        seed2 = tf.where(tf.equal(seed2, 0), tf.constant(_MAXINT32, tf.int64), seed2)
+    flat = [t for spec in tf.nest.flatten(ds.element_spec) for t in spec._flat_tensor_specs]
+    variant = tf.raw_ops.ShuffleDatasetV3(
+        input_dataset=tf.data.experimental.to_variant(ds),
+        buffer_size=tf.constant(buffer, tf.int64), seed=tf.constant(seed, tf.int64),
+        seed2=seed2, seed_generator=tf.raw_ops.DummySeedGenerator(),
+        output_types=[s.dtype for s in flat], output_shapes=[s.shape for s in flat],
+        reshuffle_each_iteration=True)
+    return tf.data.experimental.from_variant(variant, ds.element_spec)
 
 
 def distribute(strategy: tf.distribute.Strategy,
@@ -274,7 +301,8 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         files = data_cache.files_signature(source.pop("data_dir"))  # only when caching
         inputs = {**source, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
         ready = {split: disk.cached(ds, data_cache.entry_name(
-            f"{cfg.name}-{split}", {**inputs, "split": split})) for split, ds in ready.items()}
+            f"{cfg.name}-{split}", {**inputs, "split": split, "spec": str(ds.element_spec)}))
+            for split, ds in ready.items()}
     train, test = ready[cfg.train_split], ready[cfg.test_split]
     validation = ready.get(splits.validation_from)
     num_train, num_validation = splits.num_train, splits.num_validation
@@ -285,6 +313,11 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     if cfg.cache:
         train, test = train.cache(), test.cache()
         validation = validation.cache() if validation is not None else None
+    finite.check_splits(  # one pass each, which fills the memory cache: the first epoch's
+        {_role("train", cfg.train_split): train,
+         _role("validation", splits.validation_from): validation,
+         _role("test", cfg.test_split): test}, input_names(raw_input), raw_input,
+        f"dataset.name={cfg.name!r}")
     steps = steps_per_epoch or math.ceil(num_train / gb)
     return Data(
         name=cfg.name,
@@ -310,6 +343,11 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         standardize=standardized_inputs(cfg.preprocess, raw_input),
         splits=splits,
     )
+
+
+def _role(role: str, spec: str | None) -> str:
+    """"train split", or "train split (train[:50%])" where the spec is not the role's name."""
+    return f"{role} split" + (f" ({spec})" if spec and spec != role else "")
 
 
 @dataclass(frozen=True)
@@ -415,8 +453,9 @@ def _tfds_splits(cfg: DictConfig) -> RawSplits:
             f"dataset.train_split={cfg.train_split!r} / dataset.test_split={cfg.test_split!r}"
             + (f" / dataset.validation={choice!r}" if isinstance(choice, str) else "")
             + f" not available for {cfg.name}: {first_line(e)}") from None
-    if isinstance(choice, str):
-        _check_disjoint(info.splits, choice, cfg.train_split, cfg.test_split)
+    specs = {"train_split": cfg.train_split, "test_split": cfg.test_split}
+    slices.check_disjoint({**specs, "validation": choice} if isinstance(choice, str) else specs,
+                          info.splits)
     x, y = keys
     sizes = [_num_examples(info, name, ds) for name, ds in zip(names, datasets, strict=True)]
     train, test, *validation = (dense_inputs(ds.map(lambda ex: (_select(ex, x), ex[y]),
@@ -453,30 +492,6 @@ def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str | list[st
     except (ValueError, TypeError, KeyError):
         ds = builder.as_dataset(split=split, shuffle_files=False)
     return _labels(ds.map(lambda ex: (0, ex[y])))
-
-
-def _check_disjoint(split_infos: Any, validation: str, train: str, test: str) -> None:
-    """Refuse a validation split that shares examples with the train or test split."""
-    def rows(spec: str) -> list[tuple[str, int, int]]:
-        out = []
-        for a in tfds.core.ReadInstruction.from_spec(spec).to_absolute(split_infos):
-            n = split_infos[a.splitname].num_examples
-            out.append((a.splitname, a.from_ or 0, n if a.to is None else a.to))
-        return out
-
-    try:
-        mine = rows(validation)
-        others = {"train_split": (train, rows(train)), "test_split": (test, rows(test))}
-    except (ValueError, KeyError, AttributeError, TypeError):
-        return  # a spec tfds reads but this cannot: nothing to compare
-    for key, (spec, theirs) in others.items():
-        if any(a == b and max(f1, f2) < min(t1, t2)
-               for a, f1, t1 in mine for b, f2, t2 in theirs):
-            raise DistlabError(
-                f"dataset.validation={validation!r} shares examples with dataset.{key}={spec!r}"
-                ": give them disjoint slices (e.g. dataset.train_split='train[:90%]' "
-                "dataset.validation='train[90%:]'), or hold out a fraction of the train split "
-                "(dataset.validation=0.1)")
 
 
 def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tuple[Any, str]:
@@ -525,30 +540,41 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
     classes = splits.num_classes is not None
-    raw = RawSplits(train, test, _count(train), _count(test), outputs, classes, None)
+    given = {"train": train, "test": test}
+    if splits.validation is not None:
+        given["validation"] = _as_dataset(splits.validation, key, "validation")
+    counts = {name: _count(ds) for name, ds in given.items()}
+    train, num_train = slices.select(cfg.train_split, "train_split", given, counts, key)
+    test, num_test = slices.select(cfg.test_split, "test_split", given, counts, key)
+    raw = RawSplits(train, test, num_train, num_test, outputs, classes, None)
+    specs = {"train_split": cfg.train_split, "test_split": cfg.test_split}
     choice = validation_choice(cfg.validation)
     if choice == "auto":
-        choice = "given" if splits.validation is not None else AUTO_FRACTION
-    if choice is None:
+        choice = "validation" if "validation" in given else AUTO_FRACTION
+    if isinstance(choice, str):
+        if "validation" not in given and "validation" in split_names(choice):
+            raise DistlabError(
+                f"dataset.validation={choice!r} names the split 'validation', which {key} "
+                "does not return: return one (DataSplits(..., validation=...)), hold out a "
+                "fraction of the train split (dataset.validation=0.1), or name a slice of "
+                "another split (\"dataset.train_split='train[:90%]'\" "
+                "\"dataset.validation='train[90%:]'\")")
+        validation, num_validation = slices.select(choice, "validation", given, counts, key)
+        specs["validation"] = choice
+        raw = dataclasses.replace(
+            raw, validation=validation, num_validation=num_validation,
+            validation_from="DataSplits.validation" if choice == "validation" else choice)
+    slices.check_disjoint(specs, slices.split_infos(counts))
+    if not isinstance(choice, float):
         return raw
-    if isinstance(choice, float):
-        if splits.validation is not None:
-            log.warning("dataset.validation=%g holds out a fraction of the train split, so the "
-                        "validation split %s returns is not used (dataset.validation=auto "
-                        "uses it)", choice, key)
-        return dataclasses.replace(
-            raw, held_out=held_out_rows(_labels(train) if classes else None, raw.num_train,
-                                        choice, cfg.validation_seed),
-            validation_from=_held_out_name(choice, "train", classes, cfg.validation_seed))
-    if choice != "given" or splits.validation is None:
-        raise DistlabError(
-            f"dataset.validation={choice!r} names a split, but {key} is a dataset builder: "
-            "set dataset.validation=auto to use the validation split it returns "
-            "(DataSplits(..., validation=...)), or hold out a fraction of its train split "
-            "(dataset.validation=0.1)")
-    validation = _as_dataset(splits.validation, key, "validation")
-    return dataclasses.replace(raw, validation=validation, num_validation=_count(validation),
-                               validation_from="DataSplits.validation")
+    if "validation" in given:
+        log.warning("dataset.validation=%g holds out a fraction of the train split, so the "
+                    "validation split %s returns is not used (dataset.validation=auto "
+                    "uses it)", choice, key)
+    return dataclasses.replace(
+        raw, held_out=held_out_rows(_labels(train) if classes else None, raw.num_train,
+                                    choice, cfg.validation_seed),
+        validation_from=_held_out_name(choice, cfg.train_split, classes, cfg.validation_seed))
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
@@ -559,8 +585,9 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                                f"not {spec}")
         return dense_inputs(split)
     if isinstance(split, tuple | list) and len(split) == 2:
+        where = f"{key}: its {which} split"
         try:
-            columns = (_as_columns(split[0]), _as_column(split[1]))
+            columns = (_as_columns(split[0], where), _as_column(split[1], where, "label"))
             return dense_inputs(tf.data.Dataset.from_tensor_slices(columns))
         except (ValueError, TypeError, tf.errors.OpError) as e:
             raise DistlabError(f"{key}: its {which} split's (inputs, labels) do not make a "
@@ -569,19 +596,22 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                        f"pairs or a tuple (inputs, labels) of arrays, not {type(split).__name__}")
 
 
-def _as_columns(inputs: Any) -> Any:
+def _as_columns(inputs: Any, where: str, path: tuple[str, ...] = ()) -> Any:
     """A user's inputs as tensors for from_tensor_slices: an array, or a tuple or dict of
-    them (nested), each with one row per example."""
+    them (nested), each with one row per example. `where` (the builder and split) and the
+    input's path name it in messages."""
     if isinstance(inputs, dict):
-        return {k: _as_columns(v) for k, v in inputs.items()}
+        return {k: _as_columns(v, where, (*path, str(k))) for k, v in inputs.items()}
     if isinstance(inputs, tuple):
-        return tuple(_as_columns(v) for v in inputs)
-    return _as_column(inputs)
+        return tuple(_as_columns(v, where, (*path, str(i))) for i, v in enumerate(inputs))
+    return _as_column(inputs, where, _input_name(path) if path else "inputs")
 
 
-def _as_column(values: Any) -> Any:
+def _as_column(values: Any, where: str = "", name: str = "inputs") -> Any:
     """One input (or the labels): a NumPy array; rows of different lengths (a list of
-    sequences, an object array of arrays) a tf.RaggedTensor; Python strings tf.string."""
+    sequences, an object array of arrays) a tf.RaggedTensor; Python strings tf.string. An
+    object array with missing values (a pandas column of strings holding NaN or None) is
+    refused, naming `where` and `name`."""
     if tf.is_tensor(values):
         return values
     try:
@@ -589,8 +619,21 @@ def _as_column(values: Any) -> Any:
     except ValueError:  # rows of different lengths (NumPy refuses to make them an array)
         return _ragged(values)
     if array.dtype == object:
-        if all(isinstance(v, str | bytes) for v in array.ravel()):
-            return array.astype(bytes if isinstance(array.ravel()[0], bytes) else str)
+        missing = finite.missing_in_objects(array)
+        if missing:
+            raise DistlabError(finite.message(where, name, missing, len(array),
+                                              "missing values (NaN or None)"))
+        cells = array.ravel()
+        if all(isinstance(v, str | bytes) for v in cells):
+            return array.astype(bytes if isinstance(cells[0], bytes) else str)
+        scalars = [type(v).__name__ for v in cells if np.ndim(v) == 0]
+        if len(scalars) == len(cells):  # one value a cell: numbers (pandas object dtype), or mixed
+            if all(isinstance(v, int | float | np.number | np.bool_) for v in cells):
+                return np.array(array.tolist())
+            raise DistlabError(
+                f"{where} has values of several types in input {name!r} "
+                f"({', '.join(sorted(set(scalars)))}): give each input one type (strings, or "
+                "numbers) in the dataset builder (e.g. pandas' astype)")
         return _ragged(values)
     return array
 
@@ -602,16 +645,31 @@ def _ragged(rows: Any) -> tf.RaggedTensor:
 
 
 def dense_inputs(ds: tf.data.Dataset) -> tf.data.Dataset:
-    """`ds` with ragged inputs made dense per example (padded to the example's longest
-    row); batches then pad to their longest example (`batched`)."""
-    if not any(isinstance(s, tf.RaggedTensorSpec) for s in tf.nest.flatten(ds.element_spec)):
+    """`ds` with its inputs in the shapes a Keras model takes: ragged ones dense per example
+    (padded to the example's longest row; batches then pad to their longest example, see
+    `batched`), and a numeric input with one value per example (a 1-D column) shaped (1,),
+    as `keras.Input(shape=(1,))`, Dense and Concatenate expect; a string stays one string
+    per example (shape ()), as StringLookup and TextVectorization expect."""
+    if not (any(isinstance(s, tf.RaggedTensorSpec) for s in tf.nest.flatten(ds.element_spec))
+            or any(_numeric_scalar(s) for s in tf.nest.flatten(ds.element_spec[0]))):
         return ds
+
+    def shaped(x: Any) -> Any:
+        if isinstance(x, tf.RaggedTensor):
+            x = x.to_tensor()
+        return tf.reshape(x, [1]) if _numeric_scalar(x) else x
 
     def dense(x: Any) -> Any:
         return x.to_tensor() if isinstance(x, tf.RaggedTensor) else x
 
-    return ds.map(lambda x, y: (tf.nest.map_structure(dense, x), dense(y)),
+    return ds.map(lambda x, y: (tf.nest.map_structure(shaped, x), dense(y)),
                   num_parallel_calls=AUTOTUNE)
+
+
+def _numeric_scalar(x: Any) -> bool:
+    """Whether `x` (a tensor or spec) holds one number (not a string)."""
+    return isinstance(x, tf.Tensor | tf.TensorSpec) and x.shape.rank == 0 \
+        and x.dtype != tf.string
 
 
 def batched(ds: tf.data.Dataset, size: int) -> tf.data.Dataset:
@@ -623,26 +681,55 @@ def batched(ds: tf.data.Dataset, size: int) -> tf.data.Dataset:
 
 
 def input_names(spec: Any) -> list[str]:
-    """The names of the inputs, in tf.nest's order: one tensor is `inputs`; a dict's inputs
-    their keys, a tuple's their positions (`0`, `1`; nested: `a/b`)."""
+    """The names of the inputs, in tf.nest's order, as the exported SavedModel's signatures
+    take them: one tensor is `inputs`; a dict's inputs are its keys, a tuple's `input_0`,
+    `input_1`, ...; nested, the path joined by `_` (`a_b`, `a_0`). Any character but an
+    ASCII letter, digit or `_` becomes `_`, and a name that does not start with a letter gets
+    `input_` in front, so that TensorFlow keeps each name as it is (it renames an argument
+    such as `0` or `a/b`). Two inputs with one name are refused."""
     if isinstance(spec, tf.TypeSpec):
         return ["inputs"]
-    names = list(_paths(spec))
-    assert len(names) == len(tf.nest.flatten(spec)), (names, spec)
-    return names
+    paths = list(_paths(spec))
+    assert len(paths) == len(tf.nest.flatten(spec)), (paths, spec)
+    named: dict[str, tuple[str, ...]] = {}
+    for path in paths:
+        name = _input_name(path)
+        if name in named:
+            raise DistlabError(
+                f"the inputs {'/'.join(named[name])!r} and {'/'.join(path)!r} would both be "
+                f"named {name!r} (an input's name, which the exported SavedModel's signatures "
+                "take, keeps ASCII letters, digits and '_' only): rename one of the dict keys "
+                "in the dataset builder")
+        named[name] = path
+    return list(named)
 
 
-def _paths(node: Any, prefix: str = ""):
-    """Joined paths of a structure's leaves in tf.nest's order (dict keys sorted)."""
+def legacy_input_names(spec: Any) -> list[str]:
+    """The names the inputs had before they were made valid signature names: a tuple's
+    positions (`0`, `1`), nested paths joined by `/` (`a/b`); deprecated aliases."""
+    if isinstance(spec, tf.TypeSpec):
+        return ["inputs"]
+    return ["/".join(path) for path in _paths(spec)]
+
+
+def _input_name(path: tuple[str, ...]) -> str:
+    name = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_"
+                   for c in "_".join(path))
+    return name if name[:1].isascii() and name[:1].isalpha() else f"input_{name}"
+
+
+def _paths(node: Any, prefix: tuple[str, ...] = ()):
+    """The paths (keys, positions) of a structure's leaves in tf.nest's order (dict keys
+    sorted)."""
     if isinstance(node, dict):
         for key in sorted(node):
-            yield from _paths(node[key], f"{prefix}{key}/")
+            yield from _paths(node[key], (*prefix, str(key)))
     elif isinstance(node, tuple | list):
         fields = getattr(node, "_fields", None) or range(len(node))
         for field, value in zip(fields, node, strict=True):
-            yield from _paths(value, f"{prefix}{field}/")
+            yield from _paths(value, (*prefix, str(field)))
     else:
-        yield prefix[:-1]
+        yield prefix
 
 
 def named_specs(spec: Any) -> Any:
@@ -683,6 +770,7 @@ def preprocessed_inputs(cfg: DictConfig, raw: Any) -> list[str]:
         settings.append(("standardize", "true"))
     chosen = cfg.get("inputs")
     if chosen is not None:
+        chosen = [_renamed(str(name), raw) for name in chosen]
         for name in chosen:
             if name not in dtypes:
                 raise DistlabError(f"dataset.preprocess.inputs names {name!r}, which is not an "
@@ -711,6 +799,24 @@ def preprocessed_inputs(cfg: DictConfig, raw: Any) -> list[str]:
             f"the float inputs, and this dataset's are {describe_inputs(raw)}; name the "
             f"numeric inputs to preprocess in dataset.preprocess.inputs, or set it to {off}")
     return chosen
+
+
+_WARNED_RENAMED: set[str] = set()
+
+
+def _renamed(name: str, raw: Any) -> str:
+    """An input's name, given as it is or as it was before (`0`, `a/b`: a deprecated alias,
+    which warns once)."""
+    names = input_names(raw)
+    old = dict(zip(legacy_input_names(raw), names, strict=True))
+    if name in names or name not in old:
+        return name
+    if name not in _WARNED_RENAMED:
+        _WARNED_RENAMED.add(name)
+        log.warning("dataset.preprocess.inputs names %r, the name this input had before "
+                    "distlab named inputs as the SavedModel's signatures take them; it is now "
+                    "%r: write that (the old name is a deprecated alias)", name, old[name])
+    return old[name]
 
 
 def make_preprocess(cfg: DictConfig, raw: Any) -> Callable[[Any], Any]:

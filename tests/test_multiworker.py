@@ -274,3 +274,33 @@ def test_slurm_resolver_with_two_local_tasks(tiny_data_dir, tmp_path):
     chief = _results(tmp_path / "T0")
     assert chief["num_replicas"] == 2 and chief["strategy"] == "MultiWorkerMirroredStrategy"
     assert not (tmp_path / "T1" / "results.json").exists()
+
+
+def test_workers_started_with_other_configs_all_stop_before_the_first_step(tiny_data_dir,
+                                                                          tmp_path):
+    """Worker 1 with another seed and learning rate (and its own connect timeout, a
+    per-machine key): both workers stop at start-up with the same one line naming both keys
+    and both values; nothing is trained or checkpointed."""
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    common = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
+              "trainer.steps_per_epoch=3")
+    own = [("seed=1",), ("seed=2", "optimizer.learning_rate=0.01",
+                         "strategy.connect_timeout_s=100")]
+    procs = [_start(i, workers, *common, *own[i], f"hydra.run.dir={tmp_path / f'W{i}'}")
+             for i in range(2)]
+    outputs = [_finish(p) for p in procs]
+    lines = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 2, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        lines += [ln for ln in out.splitlines() if "started with another config" in ln]
+    assert len(lines) == 2 and lines[0].split(" - ")[-1] == lines[1].split(" - ")[-1], lines
+    line = lines[0]
+    assert f"worker 1 ({workers[1]})" in line and f"chief ({workers[0]})" in line, line
+    assert "seed (1 on the chief, 2 on worker 1)" in line, line
+    assert "optimizer.learning_rate (0.001 on the chief, 0.01 on worker 1)" in line, line
+    assert "connect_timeout_s (" not in line, line
+    failed = _results(tmp_path / "W0")
+    assert failed["status"] == "failed" and "seed (1 on the chief" in failed["error"]
+    assert not (tmp_path / "W0" / "checkpoints").exists()
+    assert _rows(tmp_path / "W0") == 0

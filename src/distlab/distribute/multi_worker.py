@@ -3,6 +3,8 @@
 - `from_chief`: values as the chief's first replica has them, on every worker (one
   replica-context SUM all-reduce per dtype, the other replicas contributing zeros;
   `strategy.extended.broadcast_to` only copies within one worker).
+- `same_config`: every worker checks, before anything is built, that it runs the chief's
+  experiment (a digest of the keys that decide training), and learns the chief's run dir.
 - `agree`: the chief's verdict on the run dir (train, already completed, refused), so no
   worker trains, or waits, alone.
 - `restore_from_chief`: resume from the chief's latest checkpoint even when only the
@@ -16,6 +18,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from collections import defaultdict
@@ -26,6 +30,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from distlab.config import worker_config, worker_diff
+from distlab.config.reruns import WORKER_LOCAL_GROUPS, WORKER_LOCAL_KEYS
 from distlab.distribute.cluster import Worker
 from distlab.errors import DistlabError
 
@@ -69,6 +75,58 @@ def from_chief(strategy: tf.distribute.Strategy, values: Sequence) -> list[tf.Te
 
     result = tf.function(lambda: strategy.run(replica_fn))()
     return [strategy.experimental_local_results(r)[0] for r in result]
+
+
+_exchanges = 0  # same_config calls in this process: each uses keys of its own
+
+
+def same_config(worker: Worker, config: dict[str, Any], run_dir: Path,
+                timeout_s: float) -> None:
+    """Stop every worker, with the same one line, unless all run the chief's experiment.
+
+    Each worker publishes its `worker_config` (every key but the per-machine ones) with a
+    digest, and its run dir, in the coordination service's key-value store, then reads every
+    worker's: a digest that differs from the chief's names the keys and both values. Sets
+    `worker.chief_run_dir`. No collective: workers with other batch sizes or epochs agree
+    on nothing else."""
+    from tensorflow.python.eager import context
+
+    global _exchanges
+    _exchanges += 1
+    store = context.context()
+    mine = worker_config(config)
+    text = json.dumps(mine, sort_keys=True, default=str)
+    store.set_config_key_value(f"distlab/config/{_exchanges}/{worker.rank}", json.dumps(
+        {"digest": hashlib.sha256(text.encode()).hexdigest(), "config": mine,
+         "run_dir": str(run_dir)}, sort_keys=True, default=str))
+    entries = []
+    for rank, address in enumerate(worker.workers):
+        try:
+            entries.append(json.loads(store.get_config_key_value(
+                f"distlab/config/{_exchanges}/{rank}", timeout_in_ms=int(timeout_s * 1000))))
+        except tf.errors.OpError as e:
+            raise DistlabError(
+                f"worker {rank} ({address}) did not publish its config within "
+                f"strategy.connect_timeout_s={timeout_s:g} s ({type(e).__name__}); rerun "
+                "all workers") from None
+    chief = entries[0]
+    worker.chief_run_dir = chief["run_dir"]
+    for rank, entry in enumerate(entries[1:], start=1):
+        if entry["digest"] != chief["digest"]:
+            raise DistlabError(_config_mismatch(worker.workers, rank, chief["config"],
+                                                entry["config"]))
+
+
+def _config_mismatch(workers: list[str], rank: int, chief: dict[str, Any],
+                     other: dict[str, Any]) -> str:
+    keys = worker_diff(chief, other)
+    shown = ", ".join(f"{k} ({chief.get(k, '<absent>')!r} on the chief, "
+                      f"{other.get(k, '<absent>')!r} on worker {rank})" for k in keys[:6])
+    more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
+    local = ", ".join(sorted(WORKER_LOCAL_KEYS) + [f"{g}.*" for g in WORKER_LOCAL_GROUPS])
+    return (f"worker {rank} ({workers[rank]}) was started with another config than the chief "
+            f"({workers[0]}): {shown}{more}. Start every worker with the same config and "
+            f"overrides (only {local} may differ per machine)")
 
 
 def agree(strategy: tf.distribute.Strategy, verdict: str | None) -> str:

@@ -177,6 +177,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
 
             strategy = runner.connect(cfg, run_dir.results_json if worker.is_chief else None,
                                       failed_results(cfg, "", started))
+            # before anything is built or trained: the same experiment on every worker
+            multi_worker.same_config(worker, config, run_dir.path,
+                                     cfg.strategy.connect_timeout_s)
             verdict = multi_worker.agree(strategy, verdict if worker.is_chief else None)
         if verdict == "refused":
             run_dir.restore_hydra()  # leave the directory exactly as it was

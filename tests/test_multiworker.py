@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,72 @@ def test_workers_started_with_other_configs_all_stop_before_the_first_step(tiny_
     assert failed["status"] == "failed" and "seed (1 on the chief" in failed["error"]
     assert not (tmp_path / "W0" / "checkpoints").exists()
     assert _rows(tmp_path / "W0") == 0
+
+
+def _start_on_terminal(index: int, workers: list[str], *args: str
+                       ) -> tuple[subprocess.Popen, Callable[[], str]]:
+    """_start with stdout and stderr on a pseudo-terminal (as a user's shell); returns the
+    process and a function that waits for its end (hard kill on expiry) and gives its text."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+    proc = subprocess.Popen([sys.executable, "run.py", "strategy=multi_worker_mirrored", *args],
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)})
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the terminal closed with the process
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def finish() -> str:
+        try:
+            proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            chunks.append(b"\n<killed: timeout>")
+        reader.join(timeout=10)
+        os.close(master)
+        return b"".join(chunks).decode(errors="replace")
+
+    return proc, finish
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective(loop, tiny_data_dir,
+                                                                       tmp_path, monkeypatch):
+    """The chief draws a progress bar on a terminal (loop.verbose=1) and runs a chief-only
+    callback that reads every batch's logs; worker 1 does neither. Both train to the end."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    boss = tmp_path / "chief.jsonl"
+    args = (*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=1",
+            "trainer.steps_per_epoch=3", "loop.verbose=1",
+            "+callbacks.boss._target_=callback_recorder.Recorder", f"+callbacks.boss.path={boss}",
+            "+callbacks.boss._chief_only_=true")
+    chief, chief_output = _start_on_terminal(0, workers, *args,
+                                             f"hydra.run.dir={tmp_path / 'W0'}")
+    other = _start(1, workers, *args, f"hydra.run.dir={tmp_path / 'W1'}")
+    out0, out1 = chief_output(), _finish(other)
+    assert chief.returncode == 0, out0[-3000:]
+    assert other.returncode == 0, out1[-3000:]
+    assert "3/3" in out0 and "loss:" in out0, out0[-3000:]  # the bar was drawn
+    assert "3/3" not in out1
+    from test_callbacks import _calls
+
+    ends = [logs for hook, _, logs, _ in _calls(boss) if hook == "batch_end"]
+    assert len(ends) == 3 and all("loss" in logs for logs in ends), ends
+    assert _results(tmp_path / "W0")["status"] == "completed"

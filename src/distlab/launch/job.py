@@ -134,19 +134,23 @@ def _log_to(path: Path) -> Iterator[None]:
 
 def run(cfg: DictConfig, output_dir: str | Path | None = None,
         multirun: bool = False, log_file: bool = False,
-        sweep_dir: str | Path | None = None) -> Results:
+        sweep_dir: str | Path | None = None, origin: float | None = None) -> Results:
     """Run one job into `output_dir` (default: the current directory) and return its Results.
 
     A user error (bad config, missing data, unusable checkpoint) is logged as one line and
     recorded as failed in results.json (exit_code 2); so is an unexpected one (exit_code 1,
-    its traceback in run.log). `multirun`: a sweep job (time to target then counts from the
-    job's own start). `log_file`: the chief also writes distlab's log lines to the run dir's
+    its traceback in run.log). `origin`: the zero of the job's clocks, `wall_time_s` and
+    `time_to_target_s` (the `distlab` command passes its process start, so a single run's
+    figures include the imports, as a whole-process benchmark does); default, and always in
+    a sweep (`multirun`): the start of the job's own work, after TensorFlow's import, which
+    only a process's first job pays (so jobs compare). `log_file`: the chief also writes distlab's log lines to the run dir's
     run.log once the directory is its own (Hydra does this for the command). `sweep_dir`: a
     sweep job's sweep directory (its tracker's parent run). Under
     `strategy=multi_worker_mirrored` every worker follows the chief's decision; only the
     chief tracks (logger=mlflow...).
     """
     started = time.time()
+    origin = None if multirun else origin
     run_dir = RunDir(output_dir or Path.cwd())
     out = run_dir.path
     scratch = None
@@ -176,7 +180,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             from distlab.training import runner
 
             strategy = runner.connect(cfg, run_dir.results_json if worker.is_chief else None,
-                                      failed_results(cfg, "", started))
+                                      failed_results(cfg, "", origin or started))
             # before anything is built or trained: the same experiment on every worker
             multi_worker.same_config(worker, config, run_dir.path,
                                      cfg.strategy.connect_timeout_s)
@@ -203,10 +207,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             session.start()
         from distlab.training.runner import execute  # imports TensorFlow
 
-        # time_to_target_s counts from the process start in a single run (imports included,
-        # as a whole-process benchmark does); in a sweep from the start of the job's own work,
-        # after TensorFlow's import, which only a process's first job pays (so jobs compare)
-        origin = None if multirun else process_started()
         results = execute(cfg, run_dir, strategy=strategy, worker=worker, origin=origin)
         if scratch is None:
             run_dir.write_results(results)
@@ -229,7 +229,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         if not user_error:
             _traceback_to_log_file(e)
         log.error(message if user_error else described(e) + " (traceback in run.log)")
-        outcome = failed = failed_results(cfg, message, started)
+        outcome = failed = failed_results(cfg, message, origin or started)
         run_dir.record_failure(failed)
         return Results(out, failed, exit_code=USER_ERROR if user_error else INTERNAL_ERROR,
                        error=message)

@@ -90,7 +90,7 @@ def connect(cfg: DictConfig, results_json: Path | None = None,
 def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy | None = None,
             worker: Worker | None = None, origin: float | None = None) -> dict[str, Any]:
     """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json.
-    `origin`: when the clock of time_to_target_s started (default: now)."""
+    `origin`: the zero of wall_time_s and time_to_target_s (default: now)."""
     started = time.time()
     quiet_libraries()
     try:
@@ -168,7 +168,7 @@ def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, 
                            exp.monitors.best.maximize if exp.monitors.best else None,
                            validation=data.validation is not None),
         **extra,
-        "wall_time_s": time.time() - exp.started,
+        "wall_time_s": time.time() - exp.origin,  # time_to_target_s' zero too
     }
 
 

@@ -173,7 +173,7 @@ def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir
     killed = time.time()
     out = _finish(procs[0])
     assert time.time() - killed < 60
-    assert procs[0].returncode not in (0, None), out[-3000:]
+    assert procs[0].returncode == 3, out[-3000:]  # a lost worker's own status
     failed = _results(tmp_path / "W0")
     assert failed["status"] == "failed"
     assert f"lost worker {workers[1]}" in failed["error"]
@@ -374,3 +374,20 @@ def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective(loop, tiny
     ends = [logs for hook, _, logs, _ in _calls(boss) if hook == "batch_end"]
     assert len(ends) == 3 and all("loss" in logs for logs in ends), ends
     assert _results(tmp_path / "W0")["status"] == "completed"
+
+
+def test_a_worker_that_lost_the_chief_names_the_chiefs_checkpoint(tiny_data_dir, tmp_path):
+    """kill -9 of the chief after its first checkpoint: worker 1 ends with status 3 and one
+    line naming the checkpoint in the chief's run dir (its own copy is in a temporary
+    directory, deleted on exit)."""
+    procs, workers = _cluster(tmp_path, *fast_overrides(tiny_data_dir), *RUN, "loop=custom")
+    _wait_rows(procs, tmp_path / "W0", 1)
+    procs[0].kill()
+    out = _finish(procs[1])
+    assert procs[1].returncode == 3, out[-3000:]
+    lines = [ln for ln in out.splitlines() if "lost worker" in ln]
+    assert len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    assert f"lost worker {workers[0]}" in lines[0], lines[0]
+    assert re.search(re.escape(str(tmp_path / "W0" / "checkpoints" / "ckpt-")) + r"\d+, in the "
+                     r"chief's run dir\)", lines[0]), lines[0]
+    assert "distlab-worker" not in lines[0], lines[0]

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,9 +34,10 @@ import tensorflow as tf
 from distlab.config import worker_config, worker_diff
 from distlab.config.reruns import WORKER_LOCAL_GROUPS, WORKER_LOCAL_KEYS
 from distlab.distribute.cluster import Worker
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, LostWorker
 
 SUM = tf.distribute.ReduceOp.SUM
+log = logging.getLogger("distlab")
 
 VERDICTS = ("train", "completed", "refused")
 # what a collective raises when a peer is gone (refused connection, missed heartbeats,
@@ -172,12 +174,36 @@ def restore_from_chief(strategy: tf.distribute.Strategy, checkpoint: tf.train.Ch
         variable.assign(value)
 
 
+# PreemptionCheckpointHandler's own threads (they watch the coordination service)
+WATCHER_THREADS = ("PeerTerminationWatcher", "WorkerTerminationSignalWatcher")
+
+
+def _quiet_watcher_threads() -> None:
+    """When the chief (the coordination service's leader) dies, the handler's watcher thread
+    on every other worker dies with a raw UnavailableError traceback; the main thread reports
+    the loss in one line (`lost_worker`), so that traceback is dropped. Idempotent."""
+    previous = threading.excepthook
+    if getattr(previous, "distlab_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        name = getattr(args.thread, "name", "") or ""
+        if name.startswith(WATCHER_THREADS) and isinstance(args.exc_value, tf.errors.OpError):
+            log.debug("%s ended: %s", name, args.exc_value)
+            return
+        previous(args)
+
+    hook.distlab_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def preemption_handler(exp, scratch: Path, save: Callable[[], str],
                        stop: Callable[[str], None]):
     """TensorFlow's PreemptionCheckpointHandler for this run. It coordinates the workers
     (which step to save at); `save()` writes distlab's own checkpoint and `stop(path)`
     ends the run. Its own step counter lives in a throw-away checkpoint in `scratch`, so
     every worker starts it at 0 (restoring it on the chief only would desynchronise it)."""
+    _quiet_watcher_threads()
     saved: list[str] = []
     where = "" if exp.worker.is_chief else " (on the chief: its run dir's checkpoints/)"
     config = tf.distribute.experimental.TerminationConfig(
@@ -187,8 +213,10 @@ def preemption_handler(exp, scratch: Path, save: Callable[[], str],
         exp.strategy.cluster_resolver, tf.train.Checkpoint(), str(scratch), config)
 
 
-def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) -> DistlabError:
-    """One line naming the worker a collective lost, for every surviving worker."""
+def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) -> LostWorker:
+    """One line naming the worker a collective lost, for every surviving worker, and the
+    checkpoint a rerun resumes from: `latest` (this worker's), as the chief's run dir holds
+    it (another worker's own copy is in a temporary directory deleted on exit)."""
     text = str(error)
     lost = [w for w in worker.workers if w in text]
     for index in re.findall(r"/job:(?:worker|chief)/replica:\d+/task:(\d+)", text):
@@ -200,7 +228,11 @@ def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) ->
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     reason = next((line for line in lines if any(k in line.lower() for k in REASONS)),
                   lines[0] if lines else "")
-    return DistlabError(
+    if latest and not worker.is_chief:
+        name = Path(latest).name
+        latest = (f"{Path(worker.chief_run_dir) / 'checkpoints' / name}, in the chief's run dir"
+                  if worker.chief_run_dir else f"{name}, in the chief's run dir")
+    return LostWorker(
         f"lost worker {who} ({type(error).__name__}: {reason[:160]}); rerun all workers to "
         f"resume from the latest checkpoint ({latest or 'none yet: the run starts over'})")
 

@@ -29,14 +29,14 @@ from distlab import plugins
 from distlab.config import effective, register_configs, training_diff, validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import Interrupted
-from distlab.errors import ConfigError, DistlabError, composition_error, described
+from distlab.errors import ConfigError, DistlabError, LostWorker, composition_error, described
 from distlab.errors import message as error_message
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
 from distlab.tracking import session as tracking
 
 log = logging.getLogger("distlab")
-USER_ERROR, INTERNAL_ERROR = 2, 1  # exit statuses of the `distlab` command
+USER_ERROR, INTERNAL_ERROR, LOST_WORKER = 2, 1, 3  # exit statuses of the `distlab` command
 _IMPORTED = time.time()
 
 
@@ -45,8 +45,9 @@ class Results:
     """What one job did: its run directory, its results.json fields (empty when it was
     refused before writing any), the objective returned to sweepers, and the exit status the
     `distlab` command ends with: 0 (done, or already done), 2 (a user error or a refused run
-    directory: `error` says why), 1 (an unexpected error; the traceback is in run.log) or
-    128+N (stopped by signal N; rerun to resume)."""
+    directory: `error` says why), 1 (an unexpected error; the traceback is in run.log), 3 (a
+    multi-worker run lost a worker; rerun every worker to resume) or 128+N (stopped by
+    signal N; rerun to resume)."""
 
     run_dir: Path
     fields: dict[str, Any] = field(default_factory=dict)
@@ -143,9 +144,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     `time_to_target_s` (the `distlab` command passes its process start, so a single run's
     figures include the imports, as a whole-process benchmark does); default, and always in
     a sweep (`multirun`): the start of the job's own work, after TensorFlow's import, which
-    only a process's first job pays (so jobs compare). `log_file`: the chief also writes distlab's log lines to the run dir's
-    run.log once the directory is its own (Hydra does this for the command). `sweep_dir`: a
-    sweep job's sweep directory (its tracker's parent run). Under
+    only a process's first job pays (so jobs compare). `log_file`: the chief also writes
+    distlab's log lines to the run dir's run.log once the directory is its own (Hydra does
+    this for the command). `sweep_dir`: a sweep job's sweep directory (its tracker's parent
+    run). Under
     `strategy=multi_worker_mirrored` every worker follows the chief's decision; only the
     chief tracks (logger=mlflow...).
     """
@@ -231,8 +233,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         log.error(message if user_error else described(e) + " (traceback in run.log)")
         outcome = failed = failed_results(cfg, message, origin or started)
         run_dir.record_failure(failed)
-        return Results(out, failed, exit_code=USER_ERROR if user_error else INTERNAL_ERROR,
-                       error=message)
+        status = (LOST_WORKER if isinstance(e, LostWorker) else
+                  USER_ERROR if user_error else INTERNAL_ERROR)
+        return Results(out, failed, exit_code=status, error=message)
     finally:
         if session is not None:
             session.finish(outcome or {"status": "failed", "error": "the job did not finish"})

@@ -126,8 +126,8 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
     for name in ("checkpoints/checkpoint", "history.csv", "saved_model/saved_model.pb"):
         assert (tmp_path / "W0" / name).exists(), name
     assert list((tmp_path / "W0" / "logs" / "train").glob("events.out.tfevents.*"))
-    extra = {p.name for p in (tmp_path / "W1").iterdir()} - {".hydra", "run.log"}
-    assert not extra, extra  # worker 1 wrote only what Hydra writes
+    assert not (tmp_path / "W1").exists()  # worker 1 wrote only what Hydra writes, in its own
+    assert {p.name for p in (tmp_path / "W1-worker1").iterdir()} == {".hydra", "run.log"}
     if tracked:
         from mlflow.tracking import MlflowClient
 
@@ -391,3 +391,22 @@ def test_a_worker_that_lost_the_chief_names_the_chiefs_checkpoint(tiny_data_dir,
     assert re.search(re.escape(str(tmp_path / "W0" / "checkpoints" / "ckpt-")) + r"\d+, in the "
                      r"chief's run dir\)", lines[0]), lines[0]
     assert "distlab-worker" not in lines[0], lines[0]
+
+
+def test_workers_given_one_run_dir_write_only_the_chiefs_there(tiny_data_dir, tmp_path):
+    """Both workers get the same hydra.run.dir (the README's commands on one machine):
+    worker 1's .hydra/ and run.log go to <dir>-worker1; the chief's run.log has each epoch
+    line once, and its .hydra/ is the chief's."""
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    run_dir = tmp_path / "mw"
+    args = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
+            "trainer.steps_per_epoch=3", f"hydra.run.dir={run_dir}")
+    procs = [_start(i, workers, *args) for i in range(2)]
+    for proc, out in zip(procs, [_finish(p) for p in procs], strict=True):
+        assert proc.returncode == 0, out[-3000:]
+    log = (run_dir / "run.log").read_text()
+    assert log.count("epoch 1/1") == 1, log[-3000:]
+    own = tmp_path / "mw-worker1"
+    assert (own / ".hydra" / "config.yaml").exists() and (own / "run.log").exists()
+    assert "epoch 1/1" in (own / "run.log").read_text()
+    assert _results(run_dir)["status"] == "completed"

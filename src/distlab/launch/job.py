@@ -33,6 +33,7 @@ from distlab.errors import ConfigError, DistlabError, LostWorker, composition_er
 from distlab.errors import message as error_message
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
+from distlab.launch.worker_dir import non_chief, own_dir
 from distlab.tracking import session as tracking
 
 log = logging.getLogger("distlab")
@@ -81,6 +82,8 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     except DistlabError as e:
         return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=str(e))
     run_dir = Path(output_dir or str(composed.hydra.run.dir))
+    if (worker := non_chief(composed)) is not None:  # never in the chief's run dir
+        run_dir = Path(own_dir(str(run_dir), worker))
     try:  # made first, as Hydra makes the command's, so a failure is recorded in it
         RunDir(run_dir).check_writable()
     except DistlabError as e:

@@ -31,6 +31,7 @@ from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import Interrupted
 from distlab.errors import ConfigError, DistlabError, LostWorker, composition_error, described
 from distlab.errors import message as error_message
+from distlab.launch import refusals
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
 from distlab.launch.worker_dir import non_chief, own_dir
@@ -191,6 +192,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                                      cfg.strategy.connect_timeout_s)
             verdict = multi_worker.agree(strategy, verdict if worker.is_chief else None)
         if verdict == "refused":
+            if sweep_dir is not None and worker.is_chief:  # a failed job of the sweep
+                refusals.record(sweep_dir, run_dir.path, refusal or "refused")
             run_dir.restore_hydra()  # leave the directory exactly as it was
             error = refusal or "the chief refused this run; see its output"
             print(f"error: {error}", file=sys.stderr)  # not logged: run.log stays as it was
@@ -219,6 +222,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         outcome = results
         return Results(out, results, objective_value(results, cfg.objective))
     except RunDirBusy as e:  # another job's directory: change nothing in it
+        if sweep_dir is not None and scratch is None:  # a failed job of the sweep
+            refusals.record(sweep_dir, run_dir.path, str(e))
         run_dir.restore_hydra()
         print(f"error: {e}", file=sys.stderr)
         return Results(out, exit_code=USER_ERROR, error=str(e))

@@ -442,3 +442,24 @@ def test_standardize_reaches_the_accuracy_of_pasted_statistics(run_inprocess):
     pasted = run_inprocess(*common, *(f"dataset.preprocess.{k}={v}" for k, v in listed.items()))
     assert pasted["test_accuracy"] > 0.9
     assert learned["test_accuracy"] == pytest.approx(pasted["test_accuracy"], abs=0.005)
+
+
+def test_the_docs_say_a_lookup_vocabulary_is_adapted_again_not_checkpointed(tmp_path):
+    """TensorFlow checkpoints a StringLookup's vocabulary as an empty `token_counts` table, so
+    it is adapted again at every start: the example projects' READMEs say so, as distlab's
+    does, and none says the vocabulary is in every checkpoint."""
+    import keras
+
+    lookup = keras.layers.StringLookup()
+    lookup.adapt(["small", "huge", "huge"])
+    prefix = tf.train.Checkpoint(layer=lookup).save(str(tmp_path / "ckpt"))
+    tables = {name: shape for name, shape in tf.train.list_variables(prefix)
+              if "token_counts" in name}
+    assert tables and all(shape == [0] for shape in tables.values()), tables
+    readmes = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]
+    for readme in readmes:
+        text = " ".join(readme.read_text().split())
+        claims = [s for s in text.split(". ") if "vocabular" in s and "every checkpoint" in s]
+        assert not claims, (readme, claims)
+        if "vocabular" in text and readme.parent != ROOT:
+            assert "not in the checkpoints" in text and "adapt it again" in text, readme

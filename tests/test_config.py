@@ -161,6 +161,8 @@ def test_unknown_key_is_rejected():
     ("seed=99999999999999", "seed"),
     ("objective=nope", "objective"),
     ("loop.jit_compile=true strategy.cpu_devices=2", "loop.jit_compile"),
+    # TF gives each CPU-only worker one replica (it was silently ignored)
+    ("strategy=multi_worker_mirrored strategy.cpu_devices=2", "strategy.cpu_devices=2 does not"),
     ("precision=float8", "precision"),
     ("trainer.grad_accum_steps=0", "trainer.grad_accum_steps"),
     ("trainer.profile_steps=[5,2]", "trainer.profile_steps"),

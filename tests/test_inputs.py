@@ -526,3 +526,24 @@ def test_the_readmes_tabular_snippet_trains_and_serves(readme_tabular, run_inpro
     signature = tf.saved_model.load(str(run_dir / "saved_model")).signatures["serving_default"]
     logits = signature(age=tf.constant([[30.0], [70.0]]), city=tf.constant(["Oslo", "Oslo"]))
     assert logits["output_0"].shape == (2, 2)
+
+
+def test_the_docs_say_a_lookup_vocabulary_is_adapted_again_not_checkpointed(tmp_path):
+    """TensorFlow checkpoints a StringLookup's vocabulary as an empty `token_counts` table, so
+    it is adapted again at every start: the example projects' READMEs say so, as distlab's
+    does, and none says the vocabulary is in every checkpoint."""
+    import keras
+
+    lookup = keras.layers.StringLookup()
+    lookup.adapt(["small", "huge", "huge"])
+    prefix = tf.train.Checkpoint(layer=lookup).save(str(tmp_path / "ckpt"))
+    tables = {name: shape for name, shape in tf.train.list_variables(prefix)
+              if "token_counts" in name}
+    assert tables and all(shape == [0] for shape in tables.values()), tables
+    readmes = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]
+    for readme in readmes:
+        text = " ".join(readme.read_text().split())
+        claims = [s for s in text.split(". ") if "vocabular" in s and "every checkpoint" in s]
+        assert not claims, (readme, claims)
+        if "vocabular" in text and readme.parent != ROOT:
+            assert "not in the checkpoints" in text and "adapt it again" in text, readme

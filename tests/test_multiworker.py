@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,26 +57,31 @@ def _cluster(run_dir: Path, *args: str) -> tuple[list[subprocess.Popen], list[st
             for i in range(2)], workers
 
 
-def _held_cluster(run_dir: Path, gate: str, *args: str
+def _held_cluster(run_dir: Path, gate: str, *args: str, held: int = 1
                   ) -> tuple[list[subprocess.Popen], list[str], Path]:
-    """As `_cluster`, with worker 1 held at `gate` (tests/gate.py: `step:E:S`); returns once
-    it is held (an event, whatever the machine's speed): (processes, workers, gate folder,
-    where `released` lets it go on)."""
+    """As `_cluster`, with worker `held` held at `gate` (tests/gate.py: `step:E:S`); returns
+    once it is held (an event, whatever the machine's speed): (processes, workers, gate
+    folder, where `released` lets it go on)."""
     workers, folder = [f"127.0.0.1:{p}" for p in _free_ports(2)], run_dir / "gate"
     folder.mkdir(parents=True)
-    procs = [_start(0, workers, *args, f"hydra.run.dir={run_dir / 'W0'}"),
-             _start(1, workers, *args, f"hydra.run.dir={run_dir / 'W1'}",
-                    entry=str(Path("tests") / "gate.py"),
-                    env={"DISTLAB_TEST_GATE": gate, "DISTLAB_TEST_GATE_DIR": str(folder)})]
+    gated = {"entry": str(Path("tests") / "gate.py"),
+             "env": {"DISTLAB_TEST_GATE": gate, "DISTLAB_TEST_GATE_DIR": str(folder)}}
+    procs = [_start(i, workers, *args, f"hydra.run.dir={run_dir / f'W{i}'}",
+                    **(gated if i == held else {})) for i in range(2)]
     expiry = time.monotonic() + TIMEOUT
     while not (folder / "reached").exists():
         if time.monotonic() > expiry or any(p.poll() is not None for p in procs):
             for p in procs:
                 p.kill()
-            pytest.fail("worker 1 never reached its gate: "
+            pytest.fail(f"worker {held} never reached its gate: "
                         + "\n".join(p.communicate()[0][-2000:] for p in procs))
         time.sleep(0.05)
     return procs, workers, folder
+
+
+def _rows(run_dir: Path) -> int:
+    history = run_dir / "history.csv"
+    return max(0, len(history.read_text().splitlines()) - 1) if history.exists() else 0
 
 
 def _run_cluster(run_dir: Path, *args: str) -> list[str]:
@@ -131,8 +137,8 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
     for name in ("checkpoints/checkpoint", "history.csv", "saved_model/saved_model.pb"):
         assert (tmp_path / "W0" / name).exists(), name
     assert list((tmp_path / "W0" / "logs" / "train").glob("events.out.tfevents.*"))
-    extra = {p.name for p in (tmp_path / "W1").iterdir()} - {".hydra", "run.log"}
-    assert not extra, extra  # worker 1 wrote only what Hydra writes
+    assert not (tmp_path / "W1").exists()  # worker 1 wrote only what Hydra writes, in its own
+    assert {p.name for p in (tmp_path / "W1-worker1").iterdir()} == {".hydra", "run.log"}
     if tracked:
         from mlflow.tracking import MlflowClient
 
@@ -175,7 +181,8 @@ def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(loop, tiny_data_dir
     procs, workers, _ = _held_cluster(tmp_path, "step:1:10", *args)  # mid-epoch 2
     procs[1].kill()
     out = _finish(procs[0])  # the chief ends by itself (else it is killed on expiry)
-    assert "<killed: timeout>" not in out and procs[0].returncode not in (0, None), out[-3000:]
+    assert "<killed: timeout>" not in out, out[-3000:]
+    assert procs[0].returncode == 3, out[-3000:]  # a lost worker's own status
     failed = _results(tmp_path / "W0")
     assert failed["status"] == "failed"
     assert f"lost worker {workers[1]}" in failed["error"]
@@ -275,3 +282,138 @@ def test_slurm_resolver_with_two_local_tasks(tiny_data_dir, tmp_path):
     chief = _results(tmp_path / "T0")
     assert chief["num_replicas"] == 2 and chief["strategy"] == "MultiWorkerMirroredStrategy"
     assert not (tmp_path / "T1" / "results.json").exists()
+
+
+def test_workers_started_with_other_configs_all_stop_before_the_first_step(tiny_data_dir,
+                                                                          tmp_path):
+    """Worker 1 with another seed and learning rate (and its own connect timeout, a
+    per-machine key): both workers stop at start-up with the same one line naming both keys
+    and both values; nothing is trained or checkpointed."""
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    common = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
+              "trainer.steps_per_epoch=3")
+    own = [("seed=1",), ("seed=2", "optimizer.learning_rate=0.01",
+                         "strategy.connect_timeout_s=100")]
+    procs = [_start(i, workers, *common, *own[i], f"hydra.run.dir={tmp_path / f'W{i}'}")
+             for i in range(2)]
+    outputs = [_finish(p) for p in procs]
+    lines = []
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 2, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        lines += [ln for ln in out.splitlines() if "started with another config" in ln]
+    assert len(lines) == 2 and lines[0].split(" - ")[-1] == lines[1].split(" - ")[-1], lines
+    line = lines[0]
+    assert f"worker 1 ({workers[1]})" in line and f"chief ({workers[0]})" in line, line
+    assert "seed (1 on the chief, 2 on worker 1)" in line, line
+    assert "optimizer.learning_rate (0.001 on the chief, 0.01 on worker 1)" in line, line
+    assert "connect_timeout_s (" not in line, line
+    failed = _results(tmp_path / "W0")
+    assert failed["status"] == "failed" and "seed (1 on the chief" in failed["error"]
+    assert not (tmp_path / "W0" / "checkpoints").exists()
+    assert _rows(tmp_path / "W0") == 0
+
+
+def _start_on_terminal(index: int, workers: list[str], *args: str
+                       ) -> tuple[subprocess.Popen, Callable[[], str]]:
+    """_start with stdout and stderr on a pseudo-terminal (as a user's shell); returns the
+    process and a function that waits for its end (hard kill on expiry) and gives its text."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+    proc = subprocess.Popen([sys.executable, "run.py", "strategy=multi_worker_mirrored", *args],
+                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)})
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the terminal closed with the process
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def finish() -> str:
+        try:
+            proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            chunks.append(b"\n<killed: timeout>")
+        reader.join(timeout=10)
+        os.close(master)
+        return b"".join(chunks).decode(errors="replace")
+
+    return proc, finish
+
+
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective(loop, tiny_data_dir,
+                                                                       tmp_path, monkeypatch):
+    """The chief draws a progress bar on a terminal (loop.verbose=1) and runs a chief-only
+    callback that reads every batch's logs; worker 1 does neither. Both train to the end."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    boss = tmp_path / "chief.jsonl"
+    args = (*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=1",
+            "trainer.steps_per_epoch=3", "loop.verbose=1",
+            "+callbacks.boss._target_=callback_recorder.Recorder", f"+callbacks.boss.path={boss}",
+            "+callbacks.boss._chief_only_=true")
+    chief, chief_output = _start_on_terminal(0, workers, *args,
+                                             f"hydra.run.dir={tmp_path / 'W0'}")
+    other = _start(1, workers, *args, f"hydra.run.dir={tmp_path / 'W1'}")
+    out0, out1 = chief_output(), _finish(other)
+    assert chief.returncode == 0, out0[-3000:]
+    assert other.returncode == 0, out1[-3000:]
+    assert "3/3" in out0 and "loss:" in out0, out0[-3000:]  # the bar was drawn
+    assert "3/3" not in out1
+    from test_callbacks import _calls
+
+    ends = [logs for hook, _, logs, _ in _calls(boss) if hook == "batch_end"]
+    assert len(ends) == 3 and all("loss" in logs for logs in ends), ends
+    assert _results(tmp_path / "W0")["status"] == "completed"
+
+
+def test_a_worker_that_lost_the_chief_names_the_chiefs_checkpoint(tiny_data_dir, tmp_path):
+    """kill -9 of the chief after its first checkpoint: worker 1 ends with status 3 and one
+    line naming the checkpoint in the chief's run dir (its own copy is in a temporary
+    directory, deleted on exit)."""
+    procs, workers, _ = _held_cluster(tmp_path, "step:1:5", *fast_overrides(tiny_data_dir),
+                                      *RUN, "loop=custom", held=0)  # mid-epoch 2
+    procs[0].kill()
+    out = _finish(procs[1])
+    assert procs[1].returncode == 3, out[-3000:]
+    lines = [ln for ln in out.splitlines() if "lost worker" in ln]
+    assert len(lines) == 1 and "Traceback" not in out, out[-3000:]
+    assert f"lost worker {workers[0]}" in lines[0], lines[0]
+    assert re.search(re.escape(str(tmp_path / "W0" / "checkpoints" / "ckpt-")) + r"\d+, in the "
+                     r"chief's run dir\)", lines[0]), lines[0]
+    assert "distlab-worker" not in lines[0], lines[0]
+
+
+def test_workers_given_one_run_dir_write_only_the_chiefs_there(tiny_data_dir, tmp_path):
+    """Both workers get the same hydra.run.dir (the README's commands on one machine):
+    worker 1's .hydra/ and run.log go to <dir>-worker1; the chief's run.log has each epoch
+    line once, and its .hydra/ is the chief's."""
+    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    run_dir = tmp_path / "mw"
+    args = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
+            "trainer.steps_per_epoch=3", f"hydra.run.dir={run_dir}")
+    procs = [_start(i, workers, *args) for i in range(2)]
+    for proc, out in zip(procs, [_finish(p) for p in procs], strict=True):
+        assert proc.returncode == 0, out[-3000:]
+    log = (run_dir / "run.log").read_text()
+    assert log.count("epoch 1/1") == 1, log[-3000:]
+    own = tmp_path / "mw-worker1"
+    assert (own / ".hydra" / "config.yaml").exists() and (own / "run.log").exists()
+    assert "epoch 1/1" in (own / "run.log").read_text()
+    assert _results(run_dir)["status"] == "completed"

@@ -281,3 +281,38 @@ def test_optuna_search_whose_every_trial_fails(tiny_data_dir, tmp_path):
     rows = _summary(tmp_path)
     assert [r["status"] for r in rows] == ["failed", "failed"]
     assert all("non-finite loss" in r["error"] for r in rows)
+
+
+@pytest.mark.slow
+def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path):
+    """A sweep rerun into the same sweep dir with job 0's value changed: job 0 is refused (its
+    dir holds a run with another learning rate). The sweep exits 1 naming the reason; the
+    summary shows job 0 as failed with the asked value and the reason, not the earlier run;
+    MLflow has a FAILED run for it and a FAILED parent."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = tmp_path / "sweep"
+    args = ("loop=custom", "logger=mlflow", f"logger.tracking_uri={store}")
+    out, text = _sweep(tiny_data_dir, sweep, *args, "optimizer.learning_rate=1e-3,5e-3")
+    assert out.returncode == 0, text[-3000:]
+    out, text = _sweep(tiny_data_dir, sweep, *args, "optimizer.learning_rate=2e-3,5e-3")
+    assert out.returncode == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert "sweep failed: 1 job(s) failed (job 0: refused: " in text, text[-3000:]
+    rows = _summary(sweep)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "completed")]
+    assert float(rows[0]["optimizer.learning_rate"]) == 2e-3, rows[0]  # as asked
+    assert "holds a run started with another config" in rows[0]["error"], rows[0]
+    assert not rows[0]["test_loss"]  # not the earlier run's figures
+    assert _results(sweep / "0")["learning_rate"] == pytest.approx(1e-3)  # left as it was
+    md = (sweep / "summary.md").read_text()
+    assert "2 jobs: 1 completed, 1 failed." in md
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+    parent = [r for r in runs if "distlab.sweep_dir" in r.data.tags]
+    assert [r.info.status for r in parent] == ["FAILED"]
+    refused = [r for r in runs if "distlab.error" in r.data.tags]
+    assert len(refused) == 1 and refused[0].info.status == "FAILED"
+    assert "another config" in refused[0].data.tags["distlab.error"]
+    assert refused[0].data.tags["mlflow.parentRunId"] == parent[0].info.run_id

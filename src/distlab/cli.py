@@ -33,12 +33,13 @@ def hydra_job(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from distlab.launch.job import run
+    from distlab.launch.job import process_started, run
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     results = run(cfg, hydra_cfg.runtime.output_dir, multirun=multirun,
-                  sweep_dir=hydra_cfg.sweep.dir if multirun else None)
+                  sweep_dir=hydra_cfg.sweep.dir if multirun else None,
+                  origin=None if multirun else process_started())
     if results.exit_code and (results.interrupted or not multirun):
         sys.exit(results.exit_code)
     return results.objective

@@ -33,6 +33,11 @@ def described(error: BaseException) -> str:
     return f"{name}: {first_line(error)}" if str(error).strip() else name
 
 
+class LostWorker(DistlabError):
+    """A multi-worker run lost a peer (it died, hung or was stopped): rerun every worker to
+    resume. The `distlab` command exits with status 3."""
+
+
 class ConfigError(DistlabError):
     """A composed config value that is well-typed but impossible (e.g. batch size 0)."""
 

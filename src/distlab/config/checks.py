@@ -82,7 +82,15 @@ def validate(cfg: DictConfig) -> None:
                 f"dataset.preprocess.standardize=true computes the mean and std from the "
                 f"training split: unset dataset.preprocess.{given[0]} (or set standardize "
                 "to false)")
-    if cfg.loop.jit_compile and (OmegaConf.select(cfg, "strategy.cpu_devices") or 1) > 1:
+    cpu_devices = OmegaConf.select(cfg, "strategy.cpu_devices") or 1
+    if cpu_devices > 1 and OmegaConf.select(cfg, "strategy.name") == "multi_worker_mirrored":
+        raise ConfigError(
+            f"strategy.cpu_devices={cpu_devices} does not apply to "
+            "strategy=multi_worker_mirrored: without GPUs TensorFlow's "
+            "MultiWorkerMirroredStrategy gives each worker one replica, on its CPU. Start one "
+            "worker per replica, or use strategy=mirrored strategy.cpu_devices="
+            f"{cpu_devices} on one machine")
+    if cfg.loop.jit_compile and cpu_devices > 1:
         raise ConfigError(JIT_ON_LOGICAL_CPUS)
     target = cfg.trainer.target
     if (target.metric is None) != (target.value is None):

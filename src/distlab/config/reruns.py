@@ -40,3 +40,28 @@ def training_diff(started_with: dict[str, Any], now: dict[str, Any]) -> list[str
     return sorted(k for k in old.keys() | new.keys()
                   if k not in RERUN_NEUTRAL_KEYS and k.split(".", 1)[0] not in RERUN_NEUTRAL_GROUPS
                   and old.get(k, absent) != new.get(k, absent))
+
+
+# Keys the workers of one multi-worker run may set differently: where each machine reads and
+# caches data, what it draws or profiles, and what only the chief uses (tracking, the
+# objective, the checkpoint an evaluation restores). Every other key must be the chief's.
+WORKER_LOCAL_KEYS = {
+    "dataset.data_dir", "dataset.cache", "dataset.disk_cache", "dataset.cache_dir",
+    "strategy.connect_timeout_s", "loop.verbose", "trainer.profile_steps", "objective",
+    "ckpt_path",
+}
+WORKER_LOCAL_GROUPS = ("logger",)
+
+
+def worker_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What every worker of a multi-worker run must agree on: `config` (resolved) as dotted
+    keys, the per-machine keys left out."""
+    return {k: v for k, v in effective(config).items()
+            if k not in WORKER_LOCAL_KEYS and k.split(".", 1)[0] not in WORKER_LOCAL_GROUPS}
+
+
+def worker_diff(chief: dict[str, Any], mine: dict[str, Any]) -> list[str]:
+    """Dotted keys on which two `worker_config`s differ."""
+    absent = "<absent>"
+    return sorted(k for k in chief.keys() | mine.keys()
+                  if chief.get(k, absent) != mine.get(k, absent))

@@ -24,10 +24,16 @@ class Worker:
     index: int = 0
     workers: list[str] = field(default_factory=list)  # host:port of every task
     has_chief: bool = False  # the cluster names a separate "chief" task
+    chief_run_dir: str | None = None  # the chief's run dir, once the workers exchanged it
 
     @property
     def multi_worker(self) -> bool:
         return len(self.workers) > 1
+
+    @property
+    def rank(self) -> int:
+        """This task's position in `workers` (the chief task first, then the workers)."""
+        return self.index + (1 if self.has_chief and self.type == "worker" else 0)
 
     @property
     def is_chief(self) -> bool:

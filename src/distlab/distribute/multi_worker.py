@@ -3,6 +3,8 @@
 - `from_chief`: values as the chief's first replica has them, on every worker (one
   replica-context SUM all-reduce per dtype, the other replicas contributing zeros;
   `strategy.extended.broadcast_to` only copies within one worker).
+- `same_config`: every worker checks, before anything is built, that it runs the chief's
+  experiment (a digest of the keys that decide training), and learns the chief's run dir.
 - `agree`: the chief's verdict on the run dir (train, already completed, refused), so no
   worker trains, or waits, alone.
 - `restore_from_chief`: resume from the chief's latest checkpoint even when only the
@@ -16,8 +18,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,10 +31,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from distlab.config import worker_config, worker_diff
+from distlab.config.reruns import WORKER_LOCAL_GROUPS, WORKER_LOCAL_KEYS
 from distlab.distribute.cluster import Worker
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, LostWorker
 
 SUM = tf.distribute.ReduceOp.SUM
+log = logging.getLogger("distlab")
 
 VERDICTS = ("train", "completed", "refused")
 # what a collective raises when a peer is gone (refused connection, missed heartbeats,
@@ -69,6 +77,58 @@ def from_chief(strategy: tf.distribute.Strategy, values: Sequence) -> list[tf.Te
 
     result = tf.function(lambda: strategy.run(replica_fn))()
     return [strategy.experimental_local_results(r)[0] for r in result]
+
+
+_exchanges = 0  # same_config calls in this process: each uses keys of its own
+
+
+def same_config(worker: Worker, config: dict[str, Any], run_dir: Path,
+                timeout_s: float) -> None:
+    """Stop every worker, with the same one line, unless all run the chief's experiment.
+
+    Each worker publishes its `worker_config` (every key but the per-machine ones) with a
+    digest, and its run dir, in the coordination service's key-value store, then reads every
+    worker's: a digest that differs from the chief's names the keys and both values. Sets
+    `worker.chief_run_dir`. No collective: workers with other batch sizes or epochs agree
+    on nothing else."""
+    from tensorflow.python.eager import context
+
+    global _exchanges
+    _exchanges += 1
+    store = context.context()
+    mine = worker_config(config)
+    text = json.dumps(mine, sort_keys=True, default=str)
+    store.set_config_key_value(f"distlab/config/{_exchanges}/{worker.rank}", json.dumps(
+        {"digest": hashlib.sha256(text.encode()).hexdigest(), "config": mine,
+         "run_dir": str(run_dir)}, sort_keys=True, default=str))
+    entries = []
+    for rank, address in enumerate(worker.workers):
+        try:
+            entries.append(json.loads(store.get_config_key_value(
+                f"distlab/config/{_exchanges}/{rank}", timeout_in_ms=int(timeout_s * 1000))))
+        except tf.errors.OpError as e:
+            raise DistlabError(
+                f"worker {rank} ({address}) did not publish its config within "
+                f"strategy.connect_timeout_s={timeout_s:g} s ({type(e).__name__}); rerun "
+                "all workers") from None
+    chief = entries[0]
+    worker.chief_run_dir = chief["run_dir"]
+    for rank, entry in enumerate(entries[1:], start=1):
+        if entry["digest"] != chief["digest"]:
+            raise DistlabError(_config_mismatch(worker.workers, rank, chief["config"],
+                                                entry["config"]))
+
+
+def _config_mismatch(workers: list[str], rank: int, chief: dict[str, Any],
+                     other: dict[str, Any]) -> str:
+    keys = worker_diff(chief, other)
+    shown = ", ".join(f"{k} ({chief.get(k, '<absent>')!r} on the chief, "
+                      f"{other.get(k, '<absent>')!r} on worker {rank})" for k in keys[:6])
+    more = f" and {len(keys) - 6} more" if len(keys) > 6 else ""
+    local = ", ".join(sorted(WORKER_LOCAL_KEYS) + [f"{g}.*" for g in WORKER_LOCAL_GROUPS])
+    return (f"worker {rank} ({workers[rank]}) was started with another config than the chief "
+            f"({workers[0]}): {shown}{more}. Start every worker with the same config and "
+            f"overrides (only {local} may differ per machine)")
 
 
 def agree(strategy: tf.distribute.Strategy, verdict: str | None) -> str:
@@ -114,12 +174,36 @@ def restore_from_chief(strategy: tf.distribute.Strategy, checkpoint: tf.train.Ch
         variable.assign(value)
 
 
+# PreemptionCheckpointHandler's own threads (they watch the coordination service)
+WATCHER_THREADS = ("PeerTerminationWatcher", "WorkerTerminationSignalWatcher")
+
+
+def _quiet_watcher_threads() -> None:
+    """When the chief (the coordination service's leader) dies, the handler's watcher thread
+    on every other worker dies with a raw UnavailableError traceback; the main thread reports
+    the loss in one line (`lost_worker`), so that traceback is dropped. Idempotent."""
+    previous = threading.excepthook
+    if getattr(previous, "distlab_quiet", False):
+        return
+
+    def hook(args: Any) -> None:
+        name = getattr(args.thread, "name", "") or ""
+        if name.startswith(WATCHER_THREADS) and isinstance(args.exc_value, tf.errors.OpError):
+            log.debug("%s ended: %s", name, args.exc_value)
+            return
+        previous(args)
+
+    hook.distlab_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 def preemption_handler(exp, scratch: Path, save: Callable[[], str],
                        stop: Callable[[str], None]):
     """TensorFlow's PreemptionCheckpointHandler for this run. It coordinates the workers
     (which step to save at); `save()` writes distlab's own checkpoint and `stop(path)`
     ends the run. Its own step counter lives in a throw-away checkpoint in `scratch`, so
     every worker starts it at 0 (restoring it on the chief only would desynchronise it)."""
+    _quiet_watcher_threads()
     saved: list[str] = []
     where = "" if exp.worker.is_chief else " (on the chief: its run dir's checkpoints/)"
     config = tf.distribute.experimental.TerminationConfig(
@@ -129,8 +213,10 @@ def preemption_handler(exp, scratch: Path, save: Callable[[], str],
         exp.strategy.cluster_resolver, tf.train.Checkpoint(), str(scratch), config)
 
 
-def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) -> DistlabError:
-    """One line naming the worker a collective lost, for every surviving worker."""
+def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) -> LostWorker:
+    """One line naming the worker a collective lost, for every surviving worker, and the
+    checkpoint a rerun resumes from: `latest` (this worker's), as the chief's run dir holds
+    it (another worker's own copy is in a temporary directory deleted on exit)."""
     text = str(error)
     lost = [w for w in worker.workers if w in text]
     for index in re.findall(r"/job:(?:worker|chief)/replica:\d+/task:(\d+)", text):
@@ -142,7 +228,11 @@ def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) ->
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     reason = next((line for line in lines if any(k in line.lower() for k in REASONS)),
                   lines[0] if lines else "")
-    return DistlabError(
+    if latest and not worker.is_chief:
+        name = Path(latest).name
+        latest = (f"{Path(worker.chief_run_dir) / 'checkpoints' / name}, in the chief's run dir"
+                  if worker.chief_run_dir else f"{name}, in the chief's run dir")
+    return LostWorker(
         f"lost worker {who} ({type(error).__name__}: {reason[:160]}); rerun all workers to "
         f"resume from the latest checkpoint ({latest or 'none yet: the run starts over'})")
 

@@ -35,14 +35,16 @@ from distlab.distribute.preemption import (
     StopRequest,
     stop_on_signals,
 )
-from distlab.errors import ConfigError, DistlabError, composition_error, described
+from distlab.errors import ConfigError, DistlabError, LostWorker, composition_error, described
 from distlab.errors import message as error_message
+from distlab.launch import refusals
 from distlab.launch.results import failed_results, objective_value
 from distlab.launch.run_dir import RunDir, RunDirBusy
+from distlab.launch.worker_dir import non_chief, own_dir
 from distlab.tracking import session as tracking
 
 log = logging.getLogger("distlab")
-USER_ERROR, INTERNAL_ERROR = 2, 1  # exit statuses of the `distlab` command
+USER_ERROR, INTERNAL_ERROR, LOST_WORKER = 2, 1, 3  # exit statuses of the `distlab` command
 _IMPORTED = time.time()
 
 
@@ -51,8 +53,9 @@ class Results:
     """What one job did: its run directory, its results.json fields (empty when it was
     refused before writing any), the objective returned to sweepers, and the exit status the
     `distlab` command ends with: 0 (done, or already done), 2 (a user error or a refused run
-    directory: `error` says why), 1 (an unexpected error; the traceback is in run.log) or
-    128+N (stopped by signal N; rerun to resume)."""
+    directory: `error` says why), 1 (an unexpected error; the traceback is in run.log), 3 (a
+    multi-worker run lost a worker; rerun every worker to resume) or 128+N (stopped by
+    signal N; rerun to resume)."""
 
     run_dir: Path
     fields: dict[str, Any] = field(default_factory=dict)
@@ -86,6 +89,8 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     except DistlabError as e:
         return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=str(e))
     run_dir = Path(output_dir or str(composed.hydra.run.dir))
+    if (worker := non_chief(composed)) is not None:  # never in the chief's run dir
+        run_dir = Path(own_dir(str(run_dir), worker))
     try:  # made first, as Hydra makes the command's, so a failure is recorded in it
         RunDir(run_dir).check_writable()
     except DistlabError as e:
@@ -140,19 +145,24 @@ def _log_to(path: Path) -> Iterator[None]:
 
 def run(cfg: DictConfig, output_dir: str | Path | None = None,
         multirun: bool = False, log_file: bool = False,
-        sweep_dir: str | Path | None = None) -> Results:
+        sweep_dir: str | Path | None = None, origin: float | None = None) -> Results:
     """Run one job into `output_dir` (default: the current directory) and return its Results.
 
     A user error (bad config, missing data, unusable checkpoint) is logged as one line and
     recorded as failed in results.json (exit_code 2); so is an unexpected one (exit_code 1,
-    its traceback in run.log). `multirun`: a sweep job (time to target then counts from the
-    job's own start). `log_file`: the chief also writes distlab's log lines to the run dir's
-    run.log once the directory is its own (Hydra does this for the command). `sweep_dir`: a
-    sweep job's sweep directory (its tracker's parent run). Under
+    its traceback in run.log). `origin`: the zero of the job's clocks, `wall_time_s` and
+    `time_to_target_s` (the `distlab` command passes its process start, so a single run's
+    figures include the imports, as a whole-process benchmark does); default, and always in
+    a sweep (`multirun`): the start of the job's own work, after TensorFlow's import, which
+    only a process's first job pays (so jobs compare). `log_file`: the chief also writes
+    distlab's log lines to the run dir's run.log once the directory is its own (Hydra does
+    this for the command). `sweep_dir`: a sweep job's sweep directory (its tracker's parent
+    run). Under
     `strategy=multi_worker_mirrored` every worker follows the chief's decision; only the
     chief tracks (logger=mlflow...).
     """
     started = time.time()
+    origin = None if multirun else origin
     run_dir = RunDir(output_dir or Path.cwd())
     out = run_dir.path
     scratch = None
@@ -186,9 +196,14 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             from distlab.training import runner
 
             strategy = runner.connect(cfg, run_dir.results_json if worker.is_chief else None,
-                                      failed_results(cfg, "", started))
+                                      failed_results(cfg, "", origin or started))
+            # before anything is built or trained: the same experiment on every worker
+            multi_worker.same_config(worker, config, run_dir.path,
+                                     cfg.strategy.connect_timeout_s)
             verdict = multi_worker.agree(strategy, verdict if worker.is_chief else None)
         if verdict == "refused":
+            if sweep_dir is not None and worker.is_chief:  # a failed job of the sweep
+                refusals.record(sweep_dir, run_dir.path, refusal or "refused")
             run_dir.restore_hydra()  # leave the directory exactly as it was
             error = refusal or "the chief refused this run; see its output"
             print(f"error: {error}", file=sys.stderr)  # not logged: run.log stays as it was
@@ -211,10 +226,6 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             session.start()
         from distlab.training.runner import execute  # imports TensorFlow
 
-        # time_to_target_s counts from the process start in a single run (imports included,
-        # as a whole-process benchmark does); in a sweep from the start of the job's own work,
-        # after TensorFlow's import, which only a process's first job pays (so jobs compare)
-        origin = None if multirun else process_started()
         results = execute(cfg, run_dir, strategy=strategy, worker=worker, origin=origin,
                           stop=stop)
         with stop.during(FINISH):
@@ -227,13 +238,15 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                 session = run_dir.tracker = None
         return Results(out, results, objective_value(results, cfg.objective))
     except RunDirBusy as e:  # another job's directory: change nothing in it
+        if sweep_dir is not None and scratch is None:  # a failed job of the sweep
+            refusals.record(sweep_dir, run_dir.path, str(e))
         run_dir.restore_hydra()
         print(f"error: {e}", file=sys.stderr)
         return Results(out, exit_code=USER_ERROR, error=str(e))
     except (Interrupted, Signalled) as e:  # a signal: what the job finished is kept
         stopped = e if isinstance(e, Interrupted) else stop.interrupted(e.signum)
         log.error(str(stopped))
-        outcome = _interrupted_results(stopped, results, cfg, started)
+        outcome = _interrupted_results(stopped, results, cfg, origin or started)
         if owned and scratch is None:
             if stopped.results is None and results is None:  # set-up: never over a completed
                 run_dir.record_failure(outcome)
@@ -248,10 +261,11 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         if not user_error:
             _traceback_to_log_file(e)
         log.error(message if user_error else described(e) + " (traceback in run.log)")
-        outcome = failed = failed_results(cfg, message, started)
+        outcome = failed = failed_results(cfg, message, origin or started)
         run_dir.record_failure(failed)
-        return Results(out, failed, exit_code=USER_ERROR if user_error else INTERNAL_ERROR,
-                       error=message)
+        status = (LOST_WORKER if isinstance(e, LostWorker) else
+                  USER_ERROR if user_error else INTERNAL_ERROR)
+        return Results(out, failed, exit_code=status, error=message)
     finally:
         if session is not None:
             session.finish(outcome or {"status": "failed", "error": "the job did not finish"})

@@ -96,8 +96,9 @@ FIELDS: tuple[Field, ...] = (
     Field("target", "trainer.target as `<metric> >= <value>` (or <=)", "optional"),
     Field("epochs_to_target", "the epoch that first reached the target (null: not reached)",
           "optional", objective=True),
-    Field("time_to_target_s", "seconds from the process start (a sweep job: its own start) "
-          "to reaching the target, in this process", "optional", objective=True),
+    Field("time_to_target_s", "seconds from the process start (a sweep job, or "
+          "distlab.train: its own start) to reaching the target, in this process; the same "
+          "zero as wall_time_s", "optional", objective=True),
     Field("best_metric", "the metric checkpoints/best follows", "optional"),
     Field("best_value", "its best value", "optional", objective=True),
     Field("best_epoch", "the epoch of checkpoints/best", "optional"),
@@ -114,7 +115,8 @@ FIELDS: tuple[Field, ...] = (
     Field("export_max_abs_diff", "the reloaded SavedModel's largest difference from the "
           "trained model on raw test inputs", "optional"),
     Field("trained", "an evaluation: the training run's fields marked trained", "evaluate"),
-    Field("wall_time_s", "the job's wall time", "every", objective=True),
+    Field("wall_time_s", "the job's wall time, from the process start (a sweep job, or "
+          "distlab.train: its own start)", "every", objective=True),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 OBJECTIVES = tuple(f.name for f in FIELDS if f.objective and "<" not in f.name)

@@ -34,6 +34,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.launch import refusals
 from distlab.launch.results import maximizes
 from distlab.launch.run_dir import RunDir
 from distlab.tracking import session as tracking
@@ -114,6 +115,7 @@ class Job:
     path: Path
     overrides: list[str]
     results: dict[str, Any] = field(default_factory=dict)
+    refused: bool = False  # this sweep refused it: its run dir holds another run
 
     @property
     def status(self) -> str:
@@ -137,15 +139,25 @@ class Job:
 
 
 def find_jobs(sweep_dir: str | Path) -> list[Job]:
-    """Every job dir under `sweep_dir` (any `hydra.sweep.subdir` layout), by job number."""
+    """Every job dir under `sweep_dir` (any `hydra.sweep.subdir` layout), by job number. A
+    job this sweep refused (`distlab.launch.refusals`) is a failed job with its reason and
+    its own overrides, not the earlier run its directory holds."""
     jobs = []
+    refused = refusals.read(sweep_dir)
     for hydra_yaml in Path(sweep_dir).glob("**/.hydra/hydra.yaml"):
         path = hydra_yaml.parent.parent
+        if ".distlab" in path.relative_to(sweep_dir).parts:
+            continue  # a run dir's own snapshot of .hydra/
         overrides_yaml = hydra_yaml.parent / "overrides.yaml"
         overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []
-        jobs.append(Job(num=_job_num(hydra_yaml, path), path=path,
-                        overrides=[str(o) for o in overrides],
-                        results=RunDir(path).read_results() or {}))
+        job = Job(num=_job_num(hydra_yaml, path), path=path,
+                  overrides=[str(o) for o in overrides],
+                  results=RunDir(path).read_results() or {})
+        if (refusal := refused.get(str(path.resolve()))) is not None:
+            job.refused = True
+            job.overrides = refusal["overrides"] or job.overrides
+            job.results = {"status": "failed", "error": f"refused: {refusal['error']}"}
+        jobs.append(job)
     return sorted(jobs, key=lambda j: (j.num, str(j.path)))
 
 
@@ -423,6 +435,9 @@ class SweepSummary(Callback):
         self.plot = plot
         self.tensorboard = tensorboard
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        refusals.start_sweep()  # the jobs it refuses are recorded under its own id
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.utils import configure_log
 
@@ -433,7 +448,9 @@ class SweepSummary(Callback):
                                 maximize=_maximize(config, find_jobs(sweep_dir)))
         summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
         tracking.finish_sweep(config, sweep_dir, len(failed),
-                              [path for path in summaries if path.exists()])
+                              [path for path in summaries if path.exists()],
+                              refused=[(j.path, " ".join(j.overrides), j.error)
+                                       for j in failed if j.refused])
         if failed and self.fail_on_error:
             log.error("sweep failed: %d job(s) failed (%s); see %s", len(failed),
                       ", ".join(f"job {j.num}: {_first_line(j.error)}" for j in failed),

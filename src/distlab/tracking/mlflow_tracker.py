@@ -178,11 +178,19 @@ class MlflowTracker(Tracker):
             state[self.uri] = {"run_id": parent.info.run_id}
             return parent.info.run_id
 
+    def refused(self, run: RunInfo, reason: str) -> None:
+        experiment_id = self._experiment()
+        tags = {"distlab.run_dir": str(run.run_dir), "distlab.error": reason[:MAX_VALUE]}
+        if run.sweep_dir is not None:
+            tags["mlflow.parentRunId"] = self._parent(run.sweep_dir, experiment_id)
+        created = self.client.create_run(experiment_id, run_name=run.name[:MAX_NAME], tags=tags)
+        self.client.set_terminated(created.info.run_id, "FAILED")
+
     def finish_sweep(self, sweep_dir: Path, failed: int, files: list[Path]) -> None:
         with _sweep_state(sweep_dir) as state:
             parent = state.get(self.uri, {}).get("run_id")
         if not parent:
-            return  # no job started a run (all refused, or tracking failed)
+            return  # no job started a run (tracking failed)
         for path in files:
             self.client.log_artifact(parent, str(path))
         if failed:

@@ -164,11 +164,16 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def finish_sweep(cfg: DictConfig, sweep_dir: Path, failed: int, files: list[Path]) -> None:
-    """The sweep's tracker closes its parent run (guarded as a job's calls are)."""
+def finish_sweep(cfg: DictConfig, sweep_dir: Path, failed: int, files: list[Path],
+                 refused: list[tuple[Path, str, str]] = ()) -> None:
+    """The sweep's tracker records the jobs it refused ((run dir, name, reason): a failed
+    run each) and closes its parent run (guarded as a job's calls are)."""
     try:
         tracker = build(cfg)
         if tracks(tracker):
+            for run_dir, name, reason in refused:
+                tracker.refused(RunInfo(Path(run_dir).resolve(), name,
+                                        sweep_dir=Path(sweep_dir).resolve()), reason)
             tracker.finish_sweep(Path(sweep_dir).resolve(), failed, files)
     except Exception as e:  # noqa: BLE001 - never fails the sweep's summary
         log.warning("logger=%s: closing the sweep's run failed (%s)",

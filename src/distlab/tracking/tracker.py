@@ -54,6 +54,11 @@ class Tracker:
         """The job ended: `results` is its results.json (`status`: completed, interrupted (a
         rerun resumes it) or failed, with `error`)."""
 
+    def refused(self, run: RunInfo, reason: str) -> None:
+        """A sweep's job was refused (its run dir holds another config's run, or another
+        live run): record it as a failed run with `reason` (called in the sweep's own
+        process, before `finish_sweep`; `run.state` is empty)."""
+
     def finish_sweep(self, sweep_dir: Path, failed: int, files: list[Path]) -> None:
         """A sweep ended (in the sweep's own process, after its jobs and its summary):
         `failed` jobs failed; `files` are its summary files."""

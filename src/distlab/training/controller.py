@@ -13,10 +13,11 @@ same run dir.
 The same hooks drive the user's Keras callbacks (`callbacks:`, Keras' `CallbackList`) and the
 progress bar, once, for every loop: train begin and end, epoch begin and end (the logs: the
 history row's columns), and train batch begin and end around each block of
-`loop.steps_per_call` steps (the logs: the epoch's running loss and metrics). A callback
-that sets `model.stop_training` ends training after the current block: that epoch's row
-covers the steps it ran (as in `model.fit`), it is checkpointed, and results.json records
-`stopped_early` with reason `callback`.
+`loop.steps_per_call` steps (the logs: the epoch's running loss and metrics; across
+workers every worker reads them when the chief's bar or callbacks do: the read is a
+collective). A callback that sets `model.stop_training` ends training after the current
+block: that epoch's row covers the steps it ran (as in `model.fit`), it is checkpointed, and
+results.json records `stopped_early` with reason `callback`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ class Controller:
         self.callbacks = Callbacks(callbacks or {}, model=exp.model, verbose=0,
                                    epochs=exp.cfg.trainer.epochs, steps=exp.data.steps_per_epoch)
         self._batch_logs = has_batch_hooks(self.callbacks.callbacks)  # else no batch hooks
+        # whether every block's running figures are read (across workers a collective: every
+        # worker reads when the chief does, see `train`)
+        self._read_figures = self._batch_logs or self.shows_progress
         self._bar: keras.utils.Progbar | None = None  # this epoch's progress bar
         self._stop_asked = False  # a callback set model.stop_training (multi-worker: pending)
 
@@ -91,6 +95,11 @@ class Controller:
         """Train epochs [initial_epoch, trainer.epochs), skipping the first `skip_steps`
         steps of `initial_epoch` (a run resumed mid-epoch)."""
         self.exp.model.stop_training = False
+        if self.exp.worker.multi_worker:  # the chief's bar or batch callbacks read the figures
+            from distlab.distribute.multi_worker import from_chief
+
+            self._read_figures = bool(int(from_chief(self.exp.strategy, [tf.constant(
+                int(self._read_figures), tf.int64)])[0]))
         if initial_epoch or skip_steps:
             warn_resumed(self.callbacks.by_key, initial_epoch)
         self.callbacks.on_train_begin()
@@ -185,9 +194,10 @@ class Controller:
         self._mark = (now, steps_done)
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
         check_finite(loss, epoch, steps_done, self.checkpoints.latest)
+        # (reading them is a cross-worker collective: every worker reads, or none)
         figures = ({k: v for k, v in self.loop.means(self.running_sums()).items()
                     if v is not None}  # an undefined running figure is left out
-                   if self._batch_logs or self._bar is not None else None)
+                   if self._read_figures else None)
         if self._batch_logs:
             self.callbacks.on_train_batch_end(steps_done - 1, figures)  # the block's last step
         self._update_bar(steps_done, figures or {})

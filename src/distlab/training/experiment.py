@@ -42,8 +42,8 @@ class Experiment:
     monitors: Monitors  # target, early stopping, best checkpoint (state in the checkpoint)
     run_dir: RunDir
     worker: Worker  # this process's role in a multi-worker cluster (a lone chief outside)
-    started: float  # when this job started building (wall_time_s' zero)
-    origin: float  # time-to-target's zero: the process start (a sweep job: its own start)
+    started: float  # when this job started building (time to first step's zero)
+    origin: float  # wall_time_s' and time_to_target_s' zero (see `distlab.launch.job.run`)
 
     @property
     def model_outputs(self) -> int:

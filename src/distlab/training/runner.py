@@ -101,8 +101,8 @@ def execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy |
             worker: Worker | None = None, origin: float | None = None,
             stop: StopRequest | None = None) -> dict[str, Any]:
     """Train (mode=train) or evaluate a checkpoint (mode=evaluate); return results.json.
-    `origin`: when the clock of time_to_target_s started (default: now). `stop`: the job's
-    signal flag (`distribute.preemption.stop_on_signals`), which names each stage."""
+    `origin`: the zero of wall_time_s and time_to_target_s (default: now). `stop`: the
+    job's signal flag (`distribute.preemption.stop_on_signals`), which names each stage."""
     started = time.time()
     quiet_libraries()
     try:
@@ -182,7 +182,7 @@ def _results(exp: Experiment, epochs_completed: int, **extra: Any) -> dict[str, 
                            exp.monitors.best.maximize if exp.monitors.best else None,
                            validation=data.validation is not None),
         **extra,
-        "wall_time_s": time.time() - exp.started,
+        "wall_time_s": time.time() - exp.origin,  # time_to_target_s' zero too
     }
     return with_objective_value(results)
 

@@ -89,11 +89,18 @@ class DistlabOptunaSweeper(OptunaSweeper):
 
 def _job_completed(ret: Any) -> bool:
     """Whether the job's results.json says it completed (a failed distlab job also returns
-    None, and says so in its own results.json)."""
+    None, and says so in its own results.json; a refused one's results.json is the earlier
+    run's, and the sweep dir records the refusal)."""
+    from pathlib import Path
+
+    from distlab.launch import refusals
     from distlab.launch.run_dir import RunDir
 
     try:
-        results = RunDir(ret.hydra_cfg.hydra.runtime.output_dir).read_results()
+        run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
+        if str(run_dir.resolve()) in refusals.read(str(ret.hydra_cfg.hydra.sweep.dir)):
+            return False
+        results = RunDir(run_dir).read_results()
     except Exception:  # noqa: BLE001 - no readable results: not a completed job
         return False
     return bool(results) and results.get("status") == "completed"

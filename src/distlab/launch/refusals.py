@@ -1,0 +1,64 @@
+"""The jobs a sweep's run refused (a run dir that holds another config's run, or that another
+live run holds), recorded for the sweep's summary, its tracker and its exit status.
+
+A refused job leaves its run dir exactly as it was (its results.json is the earlier run's),
+so the refusal is kept in the sweep dir instead: `.distlab/refused/<sweep id>/<n>.json`, one
+file per refused job, under the id of the sweep invocation that refused it
+(`DISTLAB_SWEEP_ID`, set when the sweep starts and inherited by process launchers' jobs), so
+that neither another sweep into the same dir nor a later rerun of it reads it. No TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+SWEEP_ID = "DISTLAB_SWEEP_ID"
+
+
+def start_sweep() -> str:
+    """A new id for this sweep invocation, in the environment its jobs inherit."""
+    os.environ[SWEEP_ID] = uuid.uuid4().hex
+    return os.environ[SWEEP_ID]
+
+
+def _folder(sweep_dir: str | Path, sweep_id: str | None) -> Path:
+    return Path(sweep_dir) / ".distlab" / "refused" / (sweep_id or "unknown")
+
+
+def record(sweep_dir: str | Path, run_dir: Path, error: str) -> None:
+    """Record that the job of `run_dir` was refused with `error`; its overrides are the ones
+    Hydra wrote for it (read before the run dir's own .hydra/ is put back)."""
+    from omegaconf import OmegaConf
+
+    try:
+        overrides = [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
+    except (OSError, ValueError, TypeError):
+        overrides = None
+    path = str(run_dir.resolve())
+    folder = _folder(sweep_dir, os.environ.get(SWEEP_ID))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = hashlib.sha256(path.encode()).hexdigest()[:16]
+        (folder / f"{name}.json").write_text(json.dumps(
+            {"run_dir": path, "overrides": overrides, "error": error}) + "\n")
+    except OSError:
+        pass  # the job still reports its refusal, and exits 2
+
+
+def read(sweep_dir: str | Path, sweep_id: str | None = None) -> dict[str, dict[str, Any]]:
+    """{resolved run dir: {"overrides", "error"}} of the jobs this sweep invocation refused
+    (`sweep_id`: default, the current one)."""
+    folder = _folder(sweep_dir, sweep_id or os.environ.get(SWEEP_ID))
+    found = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            entry = json.loads(path.read_text())
+            found[entry["run_dir"]] = entry
+        except (OSError, ValueError, KeyError):
+            continue
+    return found

@@ -1,5 +1,10 @@
 """The exception type that reaches the user as a single clear line, and the helpers that
-make other errors (a library's, Hydra's composition errors) one line too."""
+make other errors (a library's, Hydra's composition errors) one line too; `override` writes
+an override a message suggests as a shell takes it."""
+
+import re
+import shlex
+from typing import Any
 
 
 class DistlabError(Exception):
@@ -57,3 +62,34 @@ def composition_error(error: BaseException) -> str:
             else:
                 parts.append(text)
     return ". ".join(p.rstrip(",.") for p in parts) or type(error).__name__
+
+
+_HYDRA_PLAIN = re.compile(r"[\w.+\-/:%@~]+")  # a value Hydra's override grammar reads unquoted
+_SHELL_PLAIN = re.compile(r"[\w.+\-/:%@=,]+")  # an argument no POSIX shell changes
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` as a user types it in a shell: None as null, a value Hydra's grammar would
+    misread (`train[:90%]`, a space, a comma) in Hydra's quotes, then the whole argument in
+    the shell's: `"dataset.validation='train[90%:]'"`."""
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) \
+        else str(value)
+    return shell_quoted(f"{key}={hydra_value(text)}")
+
+
+def hydra_value(text: str) -> str:
+    """`text` as a value of a Hydra override: as it is where the grammar reads it so, else in
+    Hydra's single quotes (a quote inside escaped)."""
+    if _HYDRA_PLAIN.fullmatch(text):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def shell_quoted(arg: str) -> str:
+    """`arg` quoted for a POSIX shell only where it needs it, in double quotes when they
+    suffice (they read better around Hydra's single quotes)."""
+    if _SHELL_PLAIN.fullmatch(arg):
+        return arg
+    if not re.search(r'["$`\\!]', arg):
+        return f'"{arg}"'
+    return shlex.quote(arg)

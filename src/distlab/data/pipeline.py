@@ -35,7 +35,7 @@ import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import cache as data_cache
-from distlab.errors import DistlabError, described, first_line
+from distlab.errors import DistlabError, described, first_line, override
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -470,11 +470,12 @@ def _check_disjoint(split_infos: Any, validation: str, train: str, test: str) ->
     for key, (spec, theirs) in others.items():
         if any(a == b and max(f1, f2) < min(t1, t2)
                for a, f1, t1 in mine for b, f2, t2 in theirs):
+            example = (f"{override('dataset.train_split', 'train[:90%]')} "
+                       f"{override('dataset.validation', 'train[90%:]')}")
             raise DistlabError(
                 f"dataset.validation={validation!r} shares examples with dataset.{key}={spec!r}"
-                ": give them disjoint slices (e.g. dataset.train_split='train[:90%]' "
-                "dataset.validation='train[90%:]'), or hold out a fraction of the train split "
-                "(dataset.validation=0.1)")
+                f": give them disjoint slices (e.g. {example}), or hold out a fraction of the "
+                "train split (dataset.validation=0.1)")
 
 
 def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tuple[Any, str]:

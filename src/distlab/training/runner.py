@@ -24,7 +24,7 @@ from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.distribute import multi_worker
 from distlab.distribute.cluster import Worker
 from distlab.distribute.preemption import Interrupted, stop_on_signals
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, override
 from distlab.launch.results import TRAINED, objective_fields
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
@@ -274,18 +274,13 @@ def check_evaluation_splits(cfg: DictConfig) -> None:
     if not trained or trained.get("name") != cfg.dataset.name:
         return  # no config to compare with, or another dataset: none of its rows trained on
     trained = {"validation": None, **trained}  # a run from before dataset.validation: none
-    differ = [f"dataset.{k}={_override(trained[k])}" for k in SPLIT_KEYS
+    differ = [override(f"dataset.{k}", trained[k]) for k in SPLIT_KEYS
               if k in trained and trained[k] != cfg.dataset.get(k)]
     if differ:
         raise DistlabError(
             f"ckpt_path={cfg.ckpt_path} was trained with {' '.join(differ)}, and this "
             f"evaluation's splits differ: its val_ and test_ figures would be on other rows "
             f"(perhaps ones it trained on). Add {' '.join(differ)} to evaluate on its splits")
-
-
-def _override(value: Any) -> str:
-    """A config value as a command-line override writes it."""
-    return "null" if value is None else f"'{value}'" if "[" in str(value) else str(value)
 
 
 def _figures(figures: dict[str, float | None]) -> str:

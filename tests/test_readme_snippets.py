@@ -13,17 +13,22 @@ below, each with its reason.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from itertools import count
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from readme_snippets import (FRAGMENT_PREAMBLE, PLACEHOLDER, Block, Command, all_blocks,
-                             commands, undefined_names, unquoted_glob, user_code_sandbox)
+from readme_snippets import (
+    FRAGMENT_PREAMBLE,
+    PLACEHOLDER,
+    Block,
+    Command,
+    all_blocks,
+    commands,
+    undefined_names,
+    unquoted_glob,
+    user_code_sandbox,
+)
 
 # blocks (found by a piece of their text) that cannot run here, and why
 SKIPPED_BLOCKS = {
@@ -171,13 +176,13 @@ def test_distlab_command_composes_and_passes_the_checks(command: Command, tiny_d
     """Composed as the command composes it (its --config-dir too), each sweep value once,
     then checked as a job checks it before TensorFlow trains: Hydra's grammar (quoting),
     the groups, the schema and value rules, user code imported and every name resolved."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
     from distlab import plugins
     from distlab.config import validate
     from distlab.launch.job import _compose
     from distlab.tracking import session as tracking
-
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf, open_dict
 
     project = project_of(command.block.doc, tmp_path)
     monkeypatch.chdir(project)
@@ -199,14 +204,42 @@ def test_distlab_command_composes_and_passes_the_checks(command: Command, tiny_d
 
 # ------------------------------------------------------------------------- slow tier
 
-TRAINING = [c for c in DISTLAB if c.trains]
+def _defaults() -> set[str]:
+    """`group=option` for conf/config.yaml's default options (`loop=keras_fit`, ...)."""
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.load(ROOT / "conf" / "config.yaml").defaults
+    return {f"{k}={v}" for e in entries if not isinstance(e, str) for k, v in e.items()}
+
+
+def _distinct(commands: list[Command]) -> list[Command]:
+    """One command per run: the same overrides (beside the defaults and what few_steps
+    sets) from the same directory run once (`python run.py` is `python run.py
+    loop=keras_fit dataset=mnist`; `distlab X` is `python path/to/run.py X`)."""
+    ours, defaults, seen, out = ("trainer.epochs=", "trainer.steps_per_epoch=",
+                                 "trainer.export=", "loop.verbose=", "dataset.data_dir=",
+                                 "hydra.run.dir="), _defaults(), set(), []
+    for command in commands:
+        key = (command.block.doc, command.config_dir, tuple(sorted(
+            o for o in command.overrides if o not in defaults and not o.startswith(ours))))
+        if key not in seen:
+            seen.add(key)
+            out.append(command)
+    return out
+
+
+TRAINING = _distinct([c for c in DISTLAB if c.trains])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", TRAINING, ids=_ids(TRAINING))
 def test_distlab_command_trains_a_few_steps(command: Command, tiny_data_dir, tmp_path,
                                             monkeypatch):
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict
+
     import distlab
+    from distlab.launch.job import _compose
 
     if reason := next((r for k, r in NOT_TRAINED.items() if k in command.env), None):
         pytest.skip(reason)
@@ -224,16 +257,20 @@ def test_distlab_command_trains_a_few_steps(command: Command, tiny_data_dir, tmp
 
     overrides = command.overrides
     with user_code_sandbox(project, tmp_path):
-        if any("${hydra:" in o for o in overrides):  # the command's own Hydra runtime
-            args = ["--config-dir", command.config_dir] if command.config_dir else []
-            out = subprocess.run(
-                [sys.executable, str(ROOT / "run.py"), *args, *overrides,
-                 *few_steps(overrides, tiny_data_dir), f"hydra.run.dir={tmp_path / 'cli'}"],
-                cwd=project, capture_output=True, text=True, timeout=300,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-            assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-            status = json.loads((tmp_path / "cli" / "results.json").read_text())["status"]
-            assert status == "completed"
+        if any("${hydra:" in o for o in overrides):  # resolved in the command's Hydra runtime
+            out = tmp_path / "outputs" / "hydra"
+            composed = _compose([*overrides, *few_steps(overrides, tiny_data_dir)],
+                                command.config_dir, ROOT / "conf")
+            with open_dict(composed):
+                composed.hydra.runtime.output_dir = str(out)
+            HydraConfig.instance().set_config(composed)
+            try:
+                cfg = OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"])
+                OmegaConf.resolve(cfg)
+            finally:
+                HydraConfig.instance().cfg = None
+            results = distlab.run(cfg, out)
+            assert results.ok and results["status"] == "completed", (command.id, results)
             return
         if "mode=evaluate" in overrides:  # first train what it evaluates
             trained = train([o for o in overrides if not o.startswith(

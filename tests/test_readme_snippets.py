@@ -313,3 +313,11 @@ def test_python_block_runs(block: Block, tiny_data_dir, tmp_path, monkeypatch):
     kept = {k: v for k, v in namespace.items() if isinstance(v, distlab.Results)}
     for name, results in kept.items():
         assert results.ok, (block.where, name, results)
+
+
+def test_the_loop_snippet_pastes_as_a_module():
+    """README's loop (the step from Loop's pieces) imports what it uses: tf and distlab."""
+    block = next(b for b in BLOCKS if "class ClipPerReplica" in b.text)
+    code = next(iter(block.files.values())) if block.kind == "files" else block.text
+    assert undefined_names(code) == set()
+    assert "self.compute_loss(" in code and "self.apply_gradients(" in code

@@ -6,6 +6,8 @@ import re
 import shlex
 from typing import Any
 
+__all__ = ["DistlabError", "ConfigError"]  # public; the helpers below are distlab's own
+
 
 class DistlabError(Exception):
     """A problem the user can fix: bad config, missing data, unusable checkpoint.

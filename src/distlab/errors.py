@@ -49,6 +49,8 @@ _NOISE = ("full_key:", "reference_type=", "object_type=", "Set the environment v
 
 def composition_error(error: BaseException) -> str:
     """A Hydra or OmegaConf composition error (and its cause) as one line naming the key."""
+    if isinstance(getattr(error, "override", None), str) and "=" in error.override:
+        return _unreadable_override(error.override, first_line(error))
     parts: list[str] = []
     for exc in (error, error.__cause__):
         if exc is None or str(exc) in parts:
@@ -95,3 +97,12 @@ def shell_quoted(arg: str) -> str:
     if not re.search(r'["$`\\!]', arg):
         return f'"{arg}"'
     return shlex.quote(arg)
+
+
+def _unreadable_override(text: str, why: str) -> str:
+    """An override Hydra's grammar cannot read: named, with the quoting that reads it."""
+    key, _, value = text.partition("=")
+    if value[:1] in "'\"[{" or not re.search(r"[\[\]{}(),'\" ]", value):
+        return f"{text}: Hydra cannot read this override ({why.rstrip('.')})"
+    return (f"{text}: Hydra cannot read this override ({why.rstrip('.')}); quote the value "
+            f"for Hydra and the whole override for the shell: {override(key, value)}")

@@ -119,3 +119,12 @@ def test_config_dir_adds_the_users_configs_as_the_commands_config_dir(tmp_path, 
         old = distlab.train(["trainer.epochs=0"], config_dir=ROOT / "conf",
                             output_dir=tmp_path / "y")
     assert old.exit_code == 2 and "trainer.epochs=0" in old.error
+
+
+def test_the_commands_flags_given_as_overrides_are_one_line(tmp_path):
+    import distlab
+
+    given = distlab.train(["--config-dir", "conf", "experiment=mine"], output_dir=tmp_path)
+    assert given.exit_code == 2 and given.error.startswith(
+        "distlab.train takes overrides, not the command's flags (--config-dir): --config-dir "
+        "DIR is config_dir=DIR")

@@ -5,6 +5,7 @@ test_multiworker.py's restart after a dead worker runs the same `counting` loop)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -147,3 +148,25 @@ def test_the_readmes_loop_keeps_regularisation_and_loss_scaling(run_inprocess, t
         np.testing.assert_allclose(a, b, atol=1e-6)
     assert float(_rows(tmp_path / "readme")[0]["loss"]) == pytest.approx(
         float(_rows(tmp_path / "custom")[0]["loss"]), abs=1e-6)
+
+
+def test_a_step_without_compute_loss_is_told_what_it_leaves_out(run_inprocess, tmp_path,
+                                                                  caplog):
+    import logging
+
+    args = ("imports=[user_loops]", "loop=custom", "model=mlp", "model.l2=0.01",
+            "strategy=default", "trainer.epochs=1", "trainer.steps_per_epoch=2",
+            "dataset.validation=null")
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        run_inprocess(*args, "loop.name=own_loss", out=tmp_path / "own")
+    warned = [r.getMessage() for r in caplog.records if "compute_loss" in r.getMessage()]
+    assert len(warned) == 1 and re.search(
+        r"OwnLoss.train_step does not call self.compute_loss, which adds the model's \d+ "
+        r"regularisation loss\(es\) \(model.losses\)", warned[0]), warned
+
+    with pytest.raises(SystemExit) as refused:
+        run_inprocess(*args, "loop.name=gradients_of_a_pair", out=tmp_path / "pair")
+    assert refused.value.code == 2
+    error = json.loads((tmp_path / "pair" / "results.json").read_text())["error"]
+    assert error == ("loop.name='gradients_of_a_pair': GradientsOfAPair passed gradients() a "
+                     "tuple; pass the scalar loss, the first value of self.compute_loss(...)")

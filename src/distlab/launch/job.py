@@ -82,7 +82,11 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     `hydra.run.dir`, outputs/<date>/<time>). distlab's log lines of the job also go to its
     run.log. Never exits: see `Results.exit_code` and `.error`."""
     register_configs()
-    problem = (config_dir_problem(config_dir, "config_dir") if config_dir is not None else
+    flags = [o for o in overrides if str(o).startswith("-")]
+    problem = (f"distlab.train takes overrides, not the command's flags ({flags[0]}): "
+               "--config-dir DIR is config_dir=DIR; -m (a sweep) and --cfg have no "
+               "distlab.train form (call it once per job)" if flags else
+               config_dir_problem(config_dir, "config_dir") if config_dir is not None else
                config_dir_problem(config_path, "config_path") if config_path is not None
                else None)
     if problem:

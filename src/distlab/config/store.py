@@ -62,5 +62,6 @@ def config_dir_problem(value: str | os.PathLike, flag: str = "--config-dir") -> 
     fix = ("check the path" if os.path.isabs(os.path.expanduser(value)) else
            f"a relative {flag} is taken from the current directory, {os.getcwd()}: run "
            "from the directory that holds it or give its absolute path")
-    return (f"{flag} {value}: no directory {path} ({fix}); configs shipped in an "
-            "installed package (a distlab.configs entry point) need none")
+    tail = ("; configs shipped in an installed package (a distlab.configs entry point) need "
+            "none" if "config_path" not in flag else "")
+    return f"{flag} {value}: no directory {path} ({fix}){tail}"

@@ -48,6 +48,19 @@ class Recorder(keras.callbacks.Callback):
         if self.epoch == self.stop_epoch and batch + 1 == self.stop_step:
             self.model.stop_training = True
 
+    # never called by distlab (README "Callbacks"): recorded if they were
+    def on_test_begin(self, logs=None):
+        self._record("test_begin", None, logs)
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._record("test_batch_end", batch, logs)
+
+    def on_test_end(self, logs=None):
+        self._record("test_end", None, logs)
+
+    def on_predict_begin(self, logs=None):
+        self._record("predict_begin", None, logs)
+
 
 class NotACallback:
     """Not a keras.callbacks.Callback."""

@@ -16,22 +16,22 @@ def test_train_twice_in_one_process_deterministic_then_not(tiny_data_dir, tmp_pa
 
     common = [*fast_overrides(tiny_data_dir), "strategy=default", "trainer.epochs=1",
               "trainer.steps_per_epoch=2", "trainer.validate_every=0"]
-    first = distlab.train([*common, "deterministic=true"], config_dir=ROOT / "conf",
+    first = distlab.train([*common, "deterministic=true"], config_path=ROOT / "conf",
                           output_dir=tmp_path / "a")
     assert first.ok and first["status"] == "completed", first
     assert first.objective == first["test_accuracy"] and first.run_dir == tmp_path / "a"
     assert tf_config.is_op_determinism_enabled()
-    second = distlab.train([*common, "deterministic=false"], config_dir=ROOT / "conf",
+    second = distlab.train([*common, "deterministic=false"], config_path=ROOT / "conf",
                            output_dir=tmp_path / "b")
     assert second.ok and second["status"] == "completed", second
     assert not tf_config.is_op_determinism_enabled()  # was left on by the first job before
     assert "results: " in (tmp_path / "b" / "run.log").read_text()  # its log, as the command's
 
-    bad_value = distlab.train(["trainer.epochs=0"], config_dir=ROOT / "conf",
+    bad_value = distlab.train(["trainer.epochs=0"], config_path=ROOT / "conf",
                               output_dir=tmp_path / "c")
     assert bad_value.exit_code == 2 and "trainer.epochs=0" in bad_value.error
     assert json.loads((tmp_path / "c" / "results.json").read_text())["status"] == "failed"
-    bad_type = distlab.train(["trainer.epochs=abc"], config_dir=ROOT / "conf",
+    bad_type = distlab.train(["trainer.epochs=abc"], config_path=ROOT / "conf",
                              output_dir=tmp_path / "d")
     assert bad_type.exit_code == 2 and "trainer.epochs=abc" in bad_type.error
     assert "\n" not in bad_type.error
@@ -47,7 +47,7 @@ def test_train_reports_errors_instead_of_raising(tmp_path):
 
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    unwritable = distlab.train(["trainer.epochs=1"], config_dir=ROOT / "conf",
+    unwritable = distlab.train(["trainer.epochs=1"], config_path=ROOT / "conf",
                                output_dir=blocker / "run")
     assert unwritable.exit_code == 2 and str(blocker) in unwritable.error
 
@@ -55,7 +55,7 @@ def test_train_reports_errors_instead_of_raising(tmp_path):
     assert default_configs.exit_code == 2 and "trainer.epochs=abc" in default_configs.error
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):  # e.g. a notebook's
-        inside = distlab.train(["trainer.epochs=0"], config_dir=ROOT / "conf",
+        inside = distlab.train(["trainer.epochs=0"], config_path=ROOT / "conf",
                                output_dir=tmp_path / "inside")
         assert GlobalHydra.instance().is_initialized()  # put back as it was
     assert inside.exit_code == 2 and "trainer.epochs=0" in inside.error
@@ -63,7 +63,7 @@ def test_train_reports_errors_instead_of_raising(tmp_path):
     # ${hydra:...} has no value outside the command: one line naming the key
     unresolved = distlab.train(["+callbacks.csv._target_=keras.callbacks.CSVLogger",
                                 "+callbacks.csv.filename=${hydra:runtime.output_dir}/e.csv"],
-                               config_dir=ROOT / "conf", output_dir=tmp_path / "unresolved")
+                               config_path=ROOT / "conf", output_dir=tmp_path / "unresolved")
     assert unresolved.exit_code == 2 and "\n" not in unresolved.error
     assert unresolved.error.startswith("callbacks.csv.filename cannot be resolved")
     assert "distlab.train has no Hydra runtime" in unresolved.error
@@ -77,8 +77,54 @@ def test_train_reports_errors_instead_of_raising(tmp_path):
     (run_dir / "checkpoints").mkdir()
     (run_dir / "checkpoints" / "ckpt-1.index").write_text("")
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    refused = distlab.train(["trainer.epochs=1"], config_dir=ROOT / "conf", output_dir=run_dir)
+    refused = distlab.train(["trainer.epochs=1"], config_path=ROOT / "conf", output_dir=run_dir)
     assert refused.exit_code == 2 and "seed (1 -> 42)" in refused.error
     after = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")
                    if p.name != "lock")  # (the lock file stays, released, as for the command)
     assert after == before and not (run_dir / "run.log").exists()
+
+
+def test_config_dir_adds_the_users_configs_as_the_commands_config_dir(tmp_path, monkeypatch):
+    """`config_dir` is the command's `--config-dir`: the user's YAMLs join distlab's groups
+    (it used to replace distlab's configs: "Cannot find primary config 'config'")."""
+    import distlab
+    from distlab.launch.job import _compose
+
+    project = tmp_path / "my_project"
+    (project / "conf" / "model").mkdir(parents=True)
+    (project / "conf" / "model" / "wide_mlp.yaml").write_text(
+        "defaults:\n  - mlp\n  - _self_\nhidden_units: [7]\n")
+    monkeypatch.chdir(project)  # a relative config_dir is from here, as --config-dir's
+    refused = distlab.train(["model=wide_mlp", "trainer.epochs=0"], config_dir="conf",
+                            output_dir=tmp_path / "run")
+    assert refused.exit_code == 2 and refused.error == "trainer.epochs=0 is invalid: must be > 0"
+    composed = _compose(["model=wide_mlp"], "conf", ROOT / "conf")
+    assert (composed.model.name, list(composed.model.hidden_units)) == ("mlp", [7])
+    # a hydra.searchpath of the user's own is kept beside it (Hydra reads only one)
+    other = tmp_path / "other"
+    (other / "optimizer").mkdir(parents=True)
+    (other / "optimizer" / "slow.yaml").write_text(
+        "defaults:\n  - sgd\n  - _self_\nlearning_rate: 0.0001\n")
+    both = _compose(["model=wide_mlp", "optimizer=slow", f"hydra.searchpath=[file://{other}]"],
+                    "conf", ROOT / "conf")
+    assert (both.model.hidden_units[0], both.optimizer.learning_rate) == (7, 0.0001)
+
+    missing = distlab.train(["trainer.epochs=1"], config_dir="nope", output_dir=tmp_path / "x")
+    assert missing.exit_code == 2 and missing.error.startswith(
+        f"config_dir nope: no directory {project / 'nope'} (a relative config_dir is taken "
+        "from the current directory")
+    # the old meaning (a primary config dir) is config_path; a config.yaml in config_dir
+    # would be shadowed by distlab's, so that call says so
+    with pytest.warns(FutureWarning, match=r"pass config_path="):
+        old = distlab.train(["trainer.epochs=0"], config_dir=ROOT / "conf",
+                            output_dir=tmp_path / "y")
+    assert old.exit_code == 2 and "trainer.epochs=0" in old.error
+
+
+def test_the_commands_flags_given_as_overrides_are_one_line(tmp_path):
+    import distlab
+
+    given = distlab.train(["--config-dir", "conf", "experiment=mine"], output_dir=tmp_path)
+    assert given.exit_code == 2 and given.error.startswith(
+        "distlab.train takes overrides, not the command's flags (--config-dir): --config-dir "
+        "DIR is config_dir=DIR")

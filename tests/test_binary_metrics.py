@@ -279,13 +279,13 @@ def test_an_unknown_metric_name_is_one_line_naming_the_key(tmp_path):
     import distlab
 
     results = distlab.train(["task=binary", "task.metrics=[accuracy,aucc]"],
-                            config_dir=ROOT / "conf", output_dir=tmp_path / "r")
+                            config_path=ROOT / "conf", output_dir=tmp_path / "r")
     assert results.exit_code == 2
     assert results.error == ("task.metrics[1]='aucc' is not a known metric; task=binary's: "
                              "accuracy, auc, precision, recall, f1; or a package.module:callable "
                              "import path")
     results = distlab.train(["task.metrics=[no_such_module:metric]"],
-                            config_dir=ROOT / "conf", output_dir=tmp_path / "s")
+                            config_path=ROOT / "conf", output_dir=tmp_path / "s")
     assert results.exit_code == 2
     assert results.error.startswith("task.metrics[0]='no_such_module:metric' does not import: "
                                     "ModuleNotFoundError")

@@ -53,6 +53,10 @@ def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inproc
                      ("epoch_begin", 1), ("batch_begin", 0), ("batch_end", 1),
                      ("batch_begin", 2), ("batch_end", 3)]
     assert hooks["custom"][0][0] == "train_begin" and hooks["custom"][-1][0] == "train_end"
+    for loop, made in calls.items():  # README's table: empty logs; no test or predict hook
+        assert all(logs == {} for hook, _, logs, _ in made
+                   if hook in ("train_begin", "epoch_begin", "batch_begin")), loop
+        assert not [hook for hook, *_ in made if hook.startswith(("test_", "predict_"))]
     assert hooks["custom"][3][2] == ["accuracy", "loss"]
     # the epoch's logs: its history.csv row's columns (but epoch), with the row's values
     for loop in calls:
@@ -223,3 +227,17 @@ def test_a_progress_bar_per_epoch_on_a_terminal(loop, tiny_data_dir, tmp_path):
         assert "3/3" in bar and "━" in bar and "loss:" in bar and "examples/sec:" in bar
         assert "\r" in bar  # redrawn in place
         assert re.search(r"3/3[^\r\n]*\r\n\[[^\]\n]+\]\[distlab\]\[INFO$", bar), bar
+
+
+def test_the_readme_says_what_each_hook_gets():
+    """README's hooks table as the calls above are: empty logs for the begin hooks, no
+    on_test_*/on_predict_* call, and hook epochs 0-based against stopped_early's 1-based."""
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("| hook | when | logs |"):]
+    rows = {row.split("|")[1].strip(): row for row in table[:table.index("\n\n")].splitlines()}
+    for hook in ("`on_train_begin`", "`on_epoch_begin(epoch)`", "`on_train_batch_begin(step)`"):
+        assert rows[hook].rstrip(" |").endswith("empty (`{}`)"), hook
+    assert "never" in rows["`on_test_*`, `on_predict_*`"]
+    section = text[text.index("| hook | when | logs |"):text.index("**Monitors.**")]
+    assert "from 0 in the hooks" in section and "on_epoch_end(1)" in section
+    assert '`stopped_early: {"epoch": 2, ...}`' in section

@@ -5,6 +5,7 @@ test_multiworker.py's restart after a dead worker runs the same `counting` loop)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,66 @@ def test_a_loop_state_item_is_checkpointed_and_resumed(run_inprocess, monkeypatc
     monkeypatch.setenv("USER_LOOP_OUT", str(resumed_out))
     run_inprocess(*args, out=tmp_path / "resumed")  # restores examples_seen, then counts on
     assert _seen(resumed_out) == _seen(whole_out)
+
+
+def _readme_loop() -> type:
+    """The README's ClipPerReplica, registered as `clip_per_replica` (the caller's sandbox
+    undoes it), clipping at 2**60: never, and exactly (the scale is 2**60 / 2**60 = 1)."""
+    from readme_snippets import ROOT, blocks
+
+    from distlab.registry import LOOPS
+
+    block = next(b for b in blocks(ROOT / "README.md") if "class ClipPerReplica" in b.text)
+    code = next(iter(block.files.values())) if block.kind == "files" else block.text
+    LOOPS._items.pop("clip_per_replica", None)  # tests/user_loops.py's, if imported
+    namespace: dict = {"__name__": "readme_loop"}
+    exec(compile(code, block.where, "exec"), namespace)  # noqa: S102 - the README's code
+    loop = namespace["ClipPerReplica"]
+    loop.clip_norm = 2.0**60
+    return loop
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_float16"])
+def test_the_readmes_loop_keeps_regularisation_and_loss_scaling(run_inprocess, tmp_path,
+                                                                 precision):
+    """A step written as the README shows (Loop.compute_loss, gradients, apply_gradients)
+    equals loop=custom after 20 steps, with an L2 penalty (model.losses) and with
+    mixed_float16's loss scale; without them its updates would differ."""
+    from readme_snippets import user_code_sandbox
+
+    args = ("model=mlp", "model.l2=0.01", "strategy.cpu_devices=2", f"precision={precision}",
+            "trainer.epochs=1", "trainer.steps_per_epoch=20", "dataset.validation=null",
+            "dataset.batch_size_per_replica=16", "deterministic=true", "seed=3")
+    custom = run_inprocess("loop=custom", *args, out=tmp_path / "custom")
+    with user_code_sandbox(tmp_path):
+        _readme_loop()
+        readme = run_inprocess("loop=custom", "loop.name=clip_per_replica", *args,
+                               out=tmp_path / "readme")
+    assert readme["loop"] == "clip_per_replica"
+    assert readme["test_loss"] == pytest.approx(custom["test_loss"], abs=1e-6)
+    for a, b in zip(_weights(tmp_path / "custom"), _weights(tmp_path / "readme"), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert float(_rows(tmp_path / "readme")[0]["loss"]) == pytest.approx(
+        float(_rows(tmp_path / "custom")[0]["loss"]), abs=1e-6)
+
+
+def test_a_step_without_compute_loss_is_told_what_it_leaves_out(run_inprocess, tmp_path,
+                                                                  caplog):
+    import logging
+
+    args = ("imports=[user_loops]", "loop=custom", "model=mlp", "model.l2=0.01",
+            "strategy=default", "trainer.epochs=1", "trainer.steps_per_epoch=2",
+            "dataset.validation=null")
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        run_inprocess(*args, "loop.name=own_loss", out=tmp_path / "own")
+    warned = [r.getMessage() for r in caplog.records if "compute_loss" in r.getMessage()]
+    assert len(warned) == 1 and re.search(
+        r"OwnLoss.train_step does not call self.compute_loss, which adds the model's \d+ "
+        r"regularisation loss\(es\) \(model.losses\)", warned[0]), warned
+
+    with pytest.raises(SystemExit) as refused:
+        run_inprocess(*args, "loop.name=gradients_of_a_pair", out=tmp_path / "pair")
+    assert refused.value.code == 2
+    error = json.loads((tmp_path / "pair" / "results.json").read_text())["error"]
+    assert error == ("loop.name='gradients_of_a_pair': GradientsOfAPair passed gradients() a "
+                     "tuple; pass the scalar loss, the first value of self.compute_loss(...)")

@@ -22,14 +22,12 @@ CLIP_NORM = 0.05
 @distlab.register("loop", "clip_per_replica")
 class ClipPerReplica(distlab.Loop):
     def train_step(self, features, labels, weights):
-        model, optimizer = self.exp.model, self.exp.optimizer
         with tf.GradientTape() as tape:
-            predictions = model(features, training=True)
-            per_example_loss = self.loss_fn(labels, predictions)
-            loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
-        grads = tape.gradient(loss, model.trainable_variables)
+            predictions = self.exp.model(features, training=True)
+            loss, per_example_loss = self.compute_loss(labels, predictions, weights)
+        grads = self.gradients(tape, loss)
         grads, _ = tf.clip_by_global_norm(grads, CLIP_NORM)  # this replica's gradient only
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        self.apply_gradients(grads)
         return self.batch_stats(labels, predictions, per_example_loss, weights)
 
 
@@ -51,7 +49,30 @@ class Counting(CustomLoop):
         return sums
 
 
+@distlab.register("loop", "own_loss")
+class OwnLoss(distlab.Loop):
+    """Its loss without compute_loss: no model.losses, no loss scale (it is warned)."""
+
+    def train_step(self, features, labels, weights):
+        with tf.GradientTape() as tape:
+            predictions = self.exp.model(features, training=True)
+            per_example_loss = self.loss_fn(labels, predictions)
+            loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
+        self.apply_gradients(self.gradients(tape, loss))
+        return self.batch_stats(labels, predictions, per_example_loss, weights)
+
+
 # ---- loops that break the contract: each is refused in one line naming what to fix
+@distlab.register("loop", "gradients_of_a_pair")
+class GradientsOfAPair(distlab.Loop):
+    def train_step(self, features, labels, weights):
+        with tf.GradientTape() as tape:
+            predictions = self.exp.model(features, training=True)
+            both = self.compute_loss(labels, predictions, weights)
+        self.apply_gradients(self.gradients(tape, both))  # should be both[0]
+        return self.batch_stats(labels, predictions, both[1], weights)
+
+
 @distlab.register("loop", "no_step")
 class NoStep(distlab.Loop):
     pass

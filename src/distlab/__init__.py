@@ -8,6 +8,11 @@ group's registry; a dataset builder returns `DataSplits`, a task builder a `Task
 `keras_inputs(input_spec)` gives a model builder the `keras.Input`s of structured inputs.
 Importing this package does not import TensorFlow (`Task`, `Metric` and `Loop` import it
 when first named), so `--cfg job` and config checks stay fast.
+
+The public API is `__all__` here and, in documented modules, `distlab.config.DatasetConfig`,
+`distlab.errors` (`DistlabError`, `ConfigError`), `distlab.tracking.Tracker` and
+`distlab.training.loops.Loop`; paths that moved stay importable for a minor version as
+aliases that warn (`distlab.deprecated`).
 """
 
 from importlib import import_module
@@ -15,9 +20,12 @@ from typing import Any
 
 from distlab.config import DatasetConfig
 from distlab.data.splits import DataSplits
+from distlab.deprecated import MOVED
 from distlab.errors import DistlabError
 from distlab.launch.job import Results, run, train
 from distlab.registry import register
+
+__version__ = "0.2.0"
 
 _LAZY = {"Task": "distlab.components.tasks", "Metric": "distlab.components.tasks",
          "Loop": "distlab.training.loops",
@@ -27,8 +35,10 @@ _LAZY = {"Task": "distlab.components.tasks", "Metric": "distlab.components.tasks
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    if f"distlab.{name}" in MOVED:  # distlab.tasks.Task after `import distlab`: it warns
+        return import_module(f"distlab.{name}")
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")
 
 
 __all__ = ["train", "run", "Results", "register", "DataSplits", "DatasetConfig", "Task",
-           "Metric", "Loop", "DistlabError", "keras_inputs"]
+           "Metric", "Loop", "DistlabError", "keras_inputs", "__version__"]

@@ -18,6 +18,7 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
+from distlab.config.store import config_dir_problem  # noqa: E402
 from distlab.errors import composition_error  # noqa: E402
 from distlab.launch.run_dir import check_output_dir_args  # noqa: E402
 
@@ -55,14 +56,8 @@ def check_config_dir_args(argv: list[str]) -> str | None:
             value = arg.partition("=")[2]
         else:
             continue
-        path = os.path.abspath(value)
-        if not os.path.isdir(path):
-            fix = ("check the path" if os.path.isabs(value) else
-                   f"a relative --config-dir is taken from the current directory, "
-                   f"{os.getcwd()}: run from the directory that holds it or give its "
-                   "absolute path")
-            return (f"--config-dir {value}: no directory {path} ({fix}); configs shipped "
-                    "in an installed package (a distlab.configs entry point) need none")
+        if problem := config_dir_problem(value):
+            return problem
     return None
 
 

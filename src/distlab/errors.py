@@ -1,5 +1,13 @@
 """The exception type that reaches the user as a single clear line, and the helpers that
-make other errors (a library's, Hydra's composition errors) one line too."""
+make other errors (a library's, Hydra's composition errors) one line too; `override` writes
+an override a message suggests as a shell takes it."""
+
+import json
+import re
+import shlex
+from typing import Any
+
+__all__ = ["DistlabError", "ConfigError"]  # public; the helpers below are distlab's own
 
 
 class DistlabError(Exception):
@@ -47,6 +55,8 @@ _NOISE = ("full_key:", "reference_type=", "object_type=", "Set the environment v
 
 def composition_error(error: BaseException) -> str:
     """A Hydra or OmegaConf composition error (and its cause) as one line naming the key."""
+    if isinstance(getattr(error, "override", None), str) and "=" in error.override:
+        return _unreadable_override(error.override, first_line(error))
     parts: list[str] = []
     for exc in (error, error.__cause__):
         if exc is None or str(exc) in parts:
@@ -62,3 +72,45 @@ def composition_error(error: BaseException) -> str:
             else:
                 parts.append(text)
     return ". ".join(p.rstrip(",.") for p in parts) or type(error).__name__
+
+
+_HYDRA_PLAIN = re.compile(r"[\w.+\-/:%@~]+")  # a value Hydra's override grammar reads unquoted
+_SHELL_PLAIN = re.compile(r"[\w.+\-/:%@=,]+")  # an argument no POSIX shell changes
+
+
+def override(key: str, value: Any) -> str:
+    """`key=value` as a user types it in a shell: None as null, a value Hydra's grammar would
+    misread (`train[:90%]`, a space, a comma) in Hydra's quotes, then the whole argument in
+    the shell's: `"dataset.validation='train[90%:]'"`."""
+    if isinstance(value, list | dict):  # Hydra reads JSON's lists and dicts
+        return shell_quoted(f"{key}={json.dumps(value)}")
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) \
+        else str(value)
+    return shell_quoted(f"{key}={hydra_value(text)}")
+
+
+def hydra_value(text: str) -> str:
+    """`text` as a value of a Hydra override: as it is where the grammar reads it so, else in
+    Hydra's single quotes (a quote inside escaped)."""
+    if _HYDRA_PLAIN.fullmatch(text):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+def shell_quoted(arg: str) -> str:
+    """`arg` quoted for a POSIX shell only where it needs it, in double quotes when they
+    suffice (they read better around Hydra's single quotes)."""
+    if _SHELL_PLAIN.fullmatch(arg):
+        return arg
+    if not re.search(r'["$`\\!]', arg):
+        return f'"{arg}"'
+    return shlex.quote(arg)
+
+
+def _unreadable_override(text: str, why: str) -> str:
+    """An override Hydra's grammar cannot read: named, with the quoting that reads it."""
+    key, _, value = text.partition("=")
+    if value[:1] in "'\"[{" or not re.search(r"[\[\]{}(),'\" ]", value):
+        return f"{text}: Hydra cannot read this override ({why.rstrip('.')})"
+    return (f"{text}: Hydra cannot read this override ({why.rstrip('.')}); quote the value "
+            f"for Hydra and the whole override for the shell: {override(key, value)}")

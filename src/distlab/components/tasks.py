@@ -239,7 +239,7 @@ def build(cfg: DictConfig) -> Task:
     task = TASKS.get(cfg.name)(cfg)
     if not isinstance(task, Task):
         raise DistlabError(f"task.name={cfg.name!r} returned {type(task).__name__}; a task "
-                           "builder returns distlab.components.tasks.Task(loss=..., metrics=[...])")
+                           "builder returns distlab.Task(loss=..., metrics=[...])")
     where = f"task.name={cfg.name!r}"
     task.metrics = [as_metric(m, where) for m in task.metrics]
     names = task.metric_names

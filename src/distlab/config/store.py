@@ -1,7 +1,9 @@
-"""Hydra's ConfigStore entries: the schemas the YAMLs under conf/ extend. No TensorFlow."""
+"""Hydra's ConfigStore entries: the schemas the YAMLs under conf/ extend; a user's config
+dir on the search path (`--config-dir`, `distlab.train(config_dir=...)`). No TensorFlow."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -47,3 +49,19 @@ def schema_names() -> dict[str, type]:
     """{`schema_<group>[_<option>]`: its dataclass}, as conf/<group>/*.yaml name them."""
     return {"_".join(filter(None, ("schema", group, option))): node
             for group, options in GROUP_SCHEMAS.items() for option, node in options.items()}
+
+
+def config_dir_problem(value: str | os.PathLike, flag: str = "--config-dir") -> str | None:
+    """Why a user config dir (`--config-dir`, `distlab.train(config_dir=...)`: `flag`) is
+    no directory, or None. A relative one is taken from the current directory, as Hydra
+    does."""
+    value = os.fspath(value)
+    path = os.path.abspath(os.path.expanduser(value))
+    if os.path.isdir(path):
+        return None
+    fix = ("check the path" if os.path.isabs(os.path.expanduser(value)) else
+           f"a relative {flag} is taken from the current directory, {os.getcwd()}: run "
+           "from the directory that holds it or give its absolute path")
+    tail = ("; configs shipped in an installed package (a distlab.configs entry point) need "
+            "none" if "config_path" not in flag else "")
+    return f"{flag} {value}: no directory {path} ({fix}){tail}"

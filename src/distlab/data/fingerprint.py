@@ -26,7 +26,7 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab.config.checks import flatten
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, override
 
 ROLES = ("train", "validation", "test")
 # dataset keys that never decide which rows a split holds (what the rows become, or how they
@@ -148,8 +148,8 @@ def check(ckpt_path: str, trained_config: dict[str, Any] | None,
     splits = (f"{', '.join(moved[:-1])} and {moved[-1]} splits" if len(moved) > 1
               else f"{moved[0]} split")
     if keys:
-        given = " ".join(f"{k}={override(before.get(k))}" for k in keys)
-        now_given = " ".join(f"{k}={override(after.get(k))}" for k in keys)
+        given = " ".join(override(k, before.get(k)) for k in keys)
+        now_given = " ".join(override(k, after.get(k)) for k in keys)
         raise DistlabError(
             f"ckpt_path={ckpt_path} was trained with {given}, and this evaluation has "
             f"{now_given}: its {splits} would hold other rows than the run's (rows it "
@@ -159,13 +159,3 @@ def check(ckpt_path: str, trained_config: dict[str, Any] | None,
         "training run's, with the same dataset keys: the data its dataset gives has changed "
         "since (its builder's code or random state, or its files). Evaluate on the data it "
         "was trained with")
-
-
-def override(value: Any) -> str:
-    """A config value as a command-line override writes it (quoted where a shell needs it)."""
-    if value is None:
-        return "null"
-    text = json.dumps(value) if isinstance(value, bool | list | dict) else str(value)
-    if isinstance(value, bool):
-        return text
-    return f"'{text}'" if any(c in text for c in "[]() ,*?{}'\"$;&|<>") else text

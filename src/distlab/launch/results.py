@@ -103,8 +103,9 @@ FIELDS: tuple[Field, ...] = (
     Field("best_value", "its best value", "optional", objective=True),
     Field("best_epoch", "the epoch of checkpoints/best", "optional"),
     Field("best_checkpoint", "checkpoints/best's prefix", "optional"),
-    Field("stopped_early", "{epoch, reason}: training ended early; reason: target, "
-          "early_stopping, or callback (a callback set model.stop_training)", "optional"),
+    Field("stopped_early", "{epoch, reason}: training ended early after that epoch (1-based, "
+          "as history.csv; a callback's hooks count from 0); reason: target, early_stopping, "
+          "or callback (a callback set model.stop_training)", "optional"),
     Field("checkpoint", "the latest checkpoint's prefix (an evaluation: the one evaluated)",
           "done"),
     Field("steps_in_epoch", "an interrupted run's steps into its next epoch", "optional"),

@@ -34,7 +34,7 @@ from distlab.distribute.preemption import (
     Interrupted,
     StopRequest,
 )
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, override
 from distlab.launch.results import TRAINED, objective_fields, with_objective_value
 from distlab.launch.run_dir import RunDir
 from distlab.registry import LOOPS
@@ -335,7 +335,7 @@ def check_evaluation_splits(cfg: DictConfig) -> None:
         keys += [k.removeprefix("dataset.") for k in sorted(before) if k in after
                  and before[k] != after[k] and k.removeprefix("dataset.") not in keys
                  and k.removeprefix("dataset.").split(".", 1)[0] not in NOT_DECIDING]
-    differ = [f"dataset.{k}={fingerprint.override(trained[k])}" for k in keys]
+    differ = [override(f"dataset.{k}", trained[k]) for k in keys]
     if differ:
         raise DistlabError(
             f"ckpt_path={cfg.ckpt_path} was trained with {' '.join(differ)}, and this "
@@ -353,10 +353,8 @@ def _check_preprocess(cfg: DictConfig, trained: dict[str, Any] | None) -> None:
     keys = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     if not keys:
         return
-    given = " ".join(f"dataset.preprocess.{k}={fingerprint.override(before.get(k))}"
-                     for k in keys)
-    now = " ".join(f"dataset.preprocess.{k}={fingerprint.override(after.get(k))}"
-                   for k in keys)
+    given = " ".join(override(f"dataset.preprocess.{k}", before.get(k)) for k in keys)
+    now = " ".join(override(f"dataset.preprocess.{k}", after.get(k)) for k in keys)
     raise DistlabError(
         f"ckpt_path={cfg.ckpt_path} was trained with {given}, and this evaluation has {now}: "
         f"the model would score inputs prepared otherwise than those it was trained on. Add "

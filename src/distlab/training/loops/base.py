@@ -1,7 +1,10 @@
 """The Loop interface: how training steps run. The Controller drives the epochs.
 
 A loop implements one replica's step, `train_step(features, labels, weights)`, returning
-`self.batch_stats(...)`; `train_steps(iterator, n)` runs n of them inside one
+`self.batch_stats(...)`, from the pieces every step needs: `compute_loss` (the row-weighted
+mean loss plus the model's own losses, scaled for the optimizer), `gradients` (unscaled) and
+`apply_gradients`, so a loop that uses them cannot drop a regularisation penalty or the
+mixed_float16 loss scale. `train_steps(iterator, n)` runs n of them inside one
 `tf.function` (a `tf.range` loop with a tensor count, as orbit does) and returns the summed
 stats, which the Controller turns into the epoch's figures. A loop may instead override
 `train_steps` (a whole block), `state()` (its own checkpointed objects) or `run()` (a loop
@@ -16,8 +19,11 @@ evaluation its own set, and their states follow the sums (`means`).
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from distlab.training.controller import Controller
 
 SUM = tf.distribute.ReduceOp.SUM
+log = logging.getLogger("distlab")
 
 
 class LoopError(DistlabError):
@@ -59,6 +66,56 @@ class Loop:
     def train_step(self, features, labels, weights) -> tf.Tensor:
         """One replica's training step on its rows; returns `self.batch_stats(...)`."""
         raise NotImplementedError(f"{type(self).__name__} implements no train_step")
+
+    # ---- the pieces of a step (loop=custom's step is these four calls)
+    def compute_loss(self, labels, predictions, weights) -> tuple[tf.Tensor, tf.Tensor]:
+        """`(loss, per_example_loss)` on this replica's rows. `per_example_loss`: the task's
+        loss of each row (for `batch_stats`). `loss`, what to differentiate: its mean over
+        the global batch's real rows (`tf.nn.compute_average_loss` with the row weights, so
+        summing the replicas' gradients gives the one-device mean), plus the model's own
+        losses (`model.losses`: L2 penalties, activity regularisers; divided over the
+        replicas), times the optimizer's loss scale (mixed_float16's LossScaleOptimizer).
+        Differentiate it with `self.gradients(tape, loss)`."""
+        _steps.loss_computed = True
+        model, optimizer = self.exp.model, self.exp.optimizer
+        per_example_loss = self.loss_fn(labels, predictions)
+        # sum(w * loss) / (rows * replicas): the mean over the global batch's real rows
+        loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
+        if model.losses:
+            loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+        return optimizer.scale_loss(loss), per_example_loss
+
+    def gradients(self, tape: tf.GradientTape, loss: tf.Tensor) -> list[tf.Tensor | None]:
+        """The gradient of `compute_loss`'s loss for each trainable variable of the model,
+        with the loss scale taken out: this replica's share of the true gradient, to clip
+        or inspect before `apply_gradients` (None for a variable the loss does not reach)."""
+        if not (tf.is_tensor(loss) and loss.shape.rank == 0):
+            raise LoopError(f"{self._name}: {type(self).__name__} passed gradients() "
+                            f"{_described(loss)}; pass the scalar loss, the first value of "
+                            "self.compute_loss(...)")
+        grads = tape.gradient(loss, self.exp.model.trainable_variables)
+        scale = self._loss_scale()
+        if scale is None:
+            return grads
+        return [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
+
+    def apply_gradients(self, grads) -> None:
+        """Update the model's trainable variables with `gradients`' result (or values like
+        it) through the run's optimizer: the loss scale's finite check and update, gradient
+        accumulation and `optimizer.clipnorm` as configured; the optimizer sums the
+        replicas' gradients."""
+        variables = self.exp.model.trainable_variables
+        scale = self._loss_scale()
+        if scale is not None:  # the optimizer unscales again (a power of 2: exact)
+            grads = [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
+        self.exp.optimizer.apply_gradients(zip(grads, variables, strict=True))
+
+    def _loss_scale(self) -> tf.Tensor | None:
+        """The factor compute_loss multiplied the loss by, or None (no loss scaling)."""
+        optimizer = self.exp.optimizer
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            return optimizer.scale_loss(tf.constant(1.0))
+        return getattr(optimizer, "loss_scale_factor", None)
 
     def state(self) -> dict[str, Any]:
         """The loop's own objects to checkpoint, by name (saved, resumed and broadcast to
@@ -154,7 +211,9 @@ class Loop:
 
     def _checked_step(self, features, labels, weights):
         """train_step, its result checked while it is traced (one line, not TF's error)."""
+        _steps.loss_computed = False
         stats = self.train_step(features, labels, weights)
+        self._warn_unless_loss_computed()
         if not (tf.is_tensor(stats) and stats.dtype == tf.float64
                 and stats.shape.as_list() == [self.num_stats]):
             got = (f"a {stats.dtype.name} tensor of shape {stats.shape.as_list()}"
@@ -164,6 +223,24 @@ class Loop:
                 "self.batch_stats(labels, predictions, per_example_loss, weights), a float64 "
                 f"vector of {self.num_stats} sums")
         return stats
+
+    def _warn_unless_loss_computed(self) -> None:
+        """A step that computed its loss without compute_loss, where that drops something:
+        one warning (while the step is traced)."""
+        if _steps.loss_computed or getattr(self, "_warned", False):
+            return
+        model, dropped = self.exp.model, []
+        if model.losses:
+            dropped.append(f"the model's {len(model.losses)} regularisation loss(es) "
+                           "(model.losses)")
+        if self._loss_scale() is not None:
+            dropped.append("the optimizer's loss scale (precision=mixed_float16)")
+        if dropped:
+            self._warned = True
+            log.warning("%s: %s.train_step does not call self.compute_loss, which adds %s; "
+                        "unless the step applies them itself, its updates leave them out "
+                        "(see distlab.Loop.compute_loss, gradients, apply_gradients)",
+                        self._name, type(self).__name__, " and ".join(dropped))
 
     def _train_n_steps(self, iterator, n):
         totals = tf.zeros([self.num_stats], tf.float64)
@@ -185,3 +262,12 @@ class Loop:
         for batch in dist_dataset:
             totals += self._reduce(self.exp.strategy.run(self._test_step, args=batch))
         return totals
+
+
+_steps = threading.local()  # per replica thread, while a step is traced: compute_loss called
+
+
+def _described(value: Any) -> str:
+    if tf.is_tensor(value):
+        return f"a tensor of shape {value.shape.as_list()}"
+    return f"a {type(value).__name__}"

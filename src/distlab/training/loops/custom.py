@@ -18,15 +18,8 @@ from distlab.training.loops.base import Loop
 
 class CustomLoop(Loop):
     def train_step(self, features, labels, weights):
-        model, optimizer = self.exp.model, self.exp.optimizer
         with tf.GradientTape() as tape:
-            predictions = model(features, training=True)
-            per_example_loss = self.loss_fn(labels, predictions)
-            # sum(w * loss) / (rows * replicas): the mean over the global batch's real rows
-            loss = tf.nn.compute_average_loss(per_example_loss, sample_weight=weights)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            loss = optimizer.scale_loss(loss)  # mixed_float16: LossScaleOptimizer's scale
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            predictions = self.exp.model(features, training=True)
+            loss, per_example_loss = self.compute_loss(labels, predictions, weights)
+        self.apply_gradients(self.gradients(tape, loss))
         return self.batch_stats(labels, predictions, per_example_loss, weights)

@@ -35,12 +35,13 @@ def test_an_override_survives_the_shell_and_hydra(value):
 def test_the_overlap_refusal_suggests_overrides_that_run(tiny_data_dir):
     import tensorflow_datasets as tfds
 
-    from distlab.data.pipeline import _check_disjoint
+    from distlab.data.slices import check_disjoint
     from distlab.errors import DistlabError
 
     splits = tfds.builder("mnist", data_dir=str(tiny_data_dir)).info.splits
     with pytest.raises(DistlabError) as refused:
-        _check_disjoint(splits, "train[80%:]", "train", "test")
+        check_disjoint({"train_split": "train", "test_split": "test",
+                        "validation": "train[80%:]"}, splits)
     example = re.search(r"\(e\.g\. (.*?)\), or hold out", str(refused.value)).group(1)
     cfg = compose(shlex.split(example))  # as bash passes them to `python run.py`
     assert (cfg.dataset.train_split, cfg.dataset.validation) == ("train[:90%]", "train[90%:]")
@@ -51,8 +52,11 @@ def test_the_readmes_split_overrides_run_as_printed():
     commands = [s for s in spans if re.match(r"^[\"']?dataset\.\w+=", s)]
     assert commands
     for text in commands:
-        cfg = compose(shlex.split(text))
-        assert "[" in cfg.dataset.validation, text
+        words = shlex.split(text)
+        cfg = compose(words)
+        for word in words:  # each key holds the slice as written (quotes removed)
+            key, _, value = word.partition("=")
+            assert "[" in cfg.dataset[key.removeprefix("dataset.")], text
 
 
 def test_an_unquoted_split_override_is_named_with_the_quoting_that_reads_it(tmp_path):

@@ -67,8 +67,8 @@ def test_a_tfds_slice_is_the_validation_split_and_must_not_overlap(tiny_data_dir
     assert (data.num_train, data.num_validation) == (384, 128)
     assert data.validation_from == "train[75%:]"
     assert not set(_rows(data.train)) & set(_rows(data.validation.unbatch()))
-    with pytest.raises(DistlabError, match=r"dataset.validation='train\[75%:\]' shares "
-                       r"examples with dataset.train_split='train'"):
+    with pytest.raises(DistlabError, match=r"\"dataset.validation='train\[75%:\]'\" shares "
+                       r"examples with dataset.train_split=train"):
         _load(tiny_data_dir, "dataset.validation='train[75%:]'")
     with pytest.raises(DistlabError, match="dataset.validation='valid'.* not available"):
         _load(tiny_data_dir, "dataset.validation=valid")
@@ -140,8 +140,8 @@ def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
     assert max(ids(held.train) + ids(held.validation.unbatch())) == 399
 
     for overrides, message in (
-            (["dataset.test_split='train[:10]'"], "dataset.test_split='train[:10]' shares "
-             "examples with dataset.train_split='train'"),
+            (["dataset.test_split='train[:10]'"], "\"dataset.test_split='train[:10]'\" shares "
+             "examples with dataset.train_split=train"),
             (["dataset.train_split='train[:0]'"], "dataset.train_split='train[:0]' selects no "
              "rows of the splits dataset.name='ids' returns: train (800 rows), test (100 rows)"),
             (["dataset.train_split=valid"], "dataset.train_split='valid' cannot be read from "
@@ -150,7 +150,8 @@ def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
              "split 'validation', which dataset.name='ids' does not return")):
         with pytest.raises(DistlabError, match=re.escape(message).replace(r"\.\*", ".*")):
             _load(tiny_data_dir, *user, *overrides)
-    with pytest.raises(DistlabError, match=re.escape("dataset.test_split='train[:10]' shares")):
+    with pytest.raises(DistlabError,
+                       match=re.escape("\"dataset.test_split='train[:10]'\" shares")):
         _load(tiny_data_dir, "dataset.test_split='train[:10]'")  # a tfds dataset's, likewise
 
 
@@ -286,7 +287,7 @@ def test_an_evaluation_on_other_splits_than_the_training_run_is_refused(run_once
     assert e.value.code == 2
     assert json.loads((out / "results.json").read_text())["error"] == (
         f"ckpt_path={run_dir} was trained with dataset.test_split=test, and this evaluation "
-        "has dataset.test_split='test[:50%]': its test split would hold other rows than the "
+        "has \"dataset.test_split='test[:50%]'\": its test split would hold other rows than the "
         "run's (rows it trained on, perhaps). Add dataset.test_split=test to evaluate on its "
         "splits")
 

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from distlab.data import cache as data_cache
 from distlab.data import finite, slices
 from distlab.data.prepared import split_names
-from distlab.errors import DistlabError, described, first_line
+from distlab.errors import DistlabError, described, first_line, override
 
 log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
@@ -557,8 +557,8 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
                 f"dataset.validation={choice!r} names the split 'validation', which {key} "
                 "does not return: return one (DataSplits(..., validation=...)), hold out a "
                 "fraction of the train split (dataset.validation=0.1), or name a slice of "
-                "another split (\"dataset.train_split='train[:90%]'\" "
-                "\"dataset.validation='train[90%:]'\")")
+                f"another split ({override('dataset.train_split', 'train[:90%]')} "
+                f"{override('dataset.validation', 'train[90%:]')})")
         validation, num_validation = slices.select(choice, "validation", given, counts, key)
         specs["validation"] = choice
         raw = dataclasses.replace(

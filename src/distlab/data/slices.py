@@ -10,7 +10,7 @@ import itertools
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from distlab.errors import DistlabError, first_line
+from distlab.errors import DistlabError, first_line, override
 
 Rows = list[tuple[str, int, int]]  # (split name, first row, end row) of each part of a spec
 
@@ -77,11 +77,14 @@ def _overlap(key: str, spec: str, other: str, other_spec: str) -> str:
     given = {key: spec, other: other_spec}
     if "validation" in given:
         second = other if key == "validation" else key
-        return (f"dataset.validation={given['validation']!r} shares examples with "
-                f"dataset.{second}={given[second]!r}: give them disjoint slices (e.g. "
-                "\"dataset.train_split='train[:90%]'\" \"dataset.validation='train[90%:]'\"), or "
-                "hold out a fraction of the train split (dataset.validation=0.1)")
-    return (f"dataset.test_split={given['test_split']!r} shares examples with "
-            f"dataset.train_split={given['train_split']!r}, and the test split is never "
-            "trained on: give them disjoint slices (e.g. \"dataset.train_split='train[:80%]'\" "
-            "\"dataset.test_split='train[80%:]'\")")
+        example = (f"{override('dataset.train_split', 'train[:90%]')} "
+                   f"{override('dataset.validation', 'train[90%:]')}")
+        return (f"{override('dataset.validation', given['validation'])} shares examples with "
+                f"{override(f'dataset.{second}', given[second])}: give them disjoint slices "
+                f"(e.g. {example}), or hold out a fraction of the train split "
+                "(dataset.validation=0.1)")
+    example = (f"{override('dataset.train_split', 'train[:80%]')} "
+               f"{override('dataset.test_split', 'train[80%:]')}")
+    return (f"{override('dataset.test_split', given['test_split'])} shares examples with "
+            f"{override('dataset.train_split', given['train_split'])}, and the test split is "
+            f"never trained on: give them disjoint slices (e.g. {example})")

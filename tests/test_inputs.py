@@ -85,7 +85,7 @@ def test_user_structures_load_pad_per_batch_and_split_over_replicas():
     assert [s.dtype for s in pair.input_spec] == [tf.float32, tf.float32]  # float64 -> 32
 
 
-def test_input_names_are_those_the_saved_models_signatures_take(caplog):
+def test_input_names_are_those_the_saved_models_signatures_take(caplog, monkeypatch):
     """TensorFlow renames a signature argument that is not a Python name (`0` -> `arg_0`,
     `a/b` -> `a_b`): distlab names inputs so that it keeps them, and refuses two inputs that
     would share one name; the old names still work in dataset.preprocess.inputs (once
@@ -99,6 +99,7 @@ def test_input_names_are_those_the_saved_models_signatures_take(caplog):
     with pytest.raises(DistlabError, match="the inputs 'a/b' and 'a_b' would both be named "
                        "'a_b'.*rename one of the dict keys"):
         pipeline.input_names({"a": {"b": t}, "a_b": t})
+    monkeypatch.setattr(pipeline, "_WARNED_RENAMED", set())  # this test's own "once"
     for _ in range(2):
         data = _load(*USER, "dataset.name=tuple_data", "dataset.preprocess.rescale=2",
                      "dataset.preprocess.inputs=['1']")

@@ -18,7 +18,9 @@ class DataSplits:
     Give `num_classes` for classification (integer labels in [0, num_classes)) or
     `num_outputs` for regression (float labels, this many per example; default 1). distlab
     batches by the global batch, shuffles per (seed, epoch), preprocesses, caches and
-    distributes them like a tfds dataset.
+    distributes them like a tfds dataset; `dataset.train_split`, `test_split` and
+    `validation` select from them as tfds split specs do (`train[:50%]`, `test[10:]`).
+    Missing or non-finite values (NaN, Inf, None) are refused as the data loads.
     """
 
     train: Any

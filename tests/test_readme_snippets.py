@@ -97,11 +97,15 @@ def project_of(doc: Path, tmp: Path) -> Path:
 
 
 def few_steps(command_overrides: list[str], data_dir: Path) -> list[str]:
-    """Appended to a training command: one epoch of a few steps on the tiny tfds data."""
+    """Appended to a training command: one epoch of a few steps on the tiny tfds data, on
+    one CPU device unless the command chooses its strategy (tracing for 3 costs twice)."""
     accum = max([int(o.partition("=")[2]) for o in command_overrides
                  if o.startswith("trainer.grad_accum_steps=")] or [1])
+    one_device = ([] if any(o.startswith("strategy") for o in
+                            command_overrides) else ["strategy.cpu_devices=1"])
     return ["trainer.epochs=1", f"trainer.steps_per_epoch={max(2, accum)}",
-            "trainer.export=false", "loop.verbose=0", f"dataset.data_dir={data_dir}"]
+            "trainer.export=false", "loop.verbose=0", f"dataset.data_dir={data_dir}",
+            *one_device]
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:

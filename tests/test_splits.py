@@ -278,6 +278,11 @@ def test_an_evaluation_on_other_splits_than_the_training_run_is_refused(run_once
                          "model.hidden_units=[16]", "dataset.validation=null",
                          out=tmp_path / "same")
     assert same["val_loss"] is None and same["test_loss"] > 0
+    # another spec of the same rows is the same split: evaluated
+    whole = run_inprocess("mode=evaluate", f"ckpt_path={run_dir}", "model=mlp",
+                          "model.hidden_units=[16]", "dataset.validation=null",
+                          "dataset.test_split='test[:100%]'", out=tmp_path / "whole")
+    assert whole["test_loss"] == same["test_loss"]
     # the test split's rows differ (a tfds slice): found by the rows' fingerprints
     out = tmp_path / "half"
     with pytest.raises(SystemExit) as e:

@@ -106,7 +106,9 @@ def _tfds(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
 # ---- the record, and the check at evaluation (no TensorFlow needed from here on)
 
 def splits_json(run_dir: Path) -> Path:
-    return Path(run_dir) / ".distlab" / "splits.json"
+    from distlab.launch.run_dir import RunDir
+
+    return RunDir(run_dir).splits_json
 
 
 def record(run_dir: Path, prints: dict[str, str | None]) -> None:

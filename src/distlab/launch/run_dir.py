@@ -67,6 +67,8 @@ class RunDir:
     # each tracker's state (its run id), so that a rerun continues the same tracker run
     tracking_json = property(lambda self: self.path / ".distlab" / "tracking.json")
     _hydra_snapshot = property(lambda self: self.path / ".distlab" / "hydra")
+    # which rows a training run's splits hold (distlab.data.fingerprint)
+    splits_json = property(lambda self: self.path / ".distlab" / "splits.json")
 
     def check_writable(self) -> None:
         try:
@@ -142,14 +144,14 @@ class RunDir:
 
     def archive_attempt(self) -> Path:
         """Move an earlier attempt's record (config, results, history, TensorBoard logs, its
-        tracker run's id) to
+        tracker run's id, its splits' rows) to
         .distlab/attempts/<n>/, so a new config can start afresh without losing it."""
         attempts = self.path / ".distlab" / "attempts"
         n = 1 + max((int(p.name) for p in attempts.glob("*") if p.name.isdigit()), default=0)
         target = attempts / str(n)
         target.mkdir(parents=True)
         for source in (self.started_config_yaml, self.results_json, self.history_csv, self.logs,
-                       self.best_checkpoints, self.tracking_json):
+                       self.best_checkpoints, self.tracking_json, self.splits_json):
             if source.exists():
                 shutil.move(str(source), str(target / source.name))
         return target

@@ -1,8 +1,9 @@
 """The experiment: every piece a run is built from, built once from the config, then read.
 
 `build` resolves each group through its registry (data, task, model, schedule, optimizer,
-monitors) inside the strategy's scope, and copies the task's stateful metrics into it.
-Nothing here saves, restores or trains: checkpoints (`training.checkpoints`) and the epoch
+monitors) inside the strategy's scope, and copies the task's stateful metrics into it; a
+training run's chief records which rows its splits hold (`data.fingerprint`). Nothing here
+saves a model, restores or trains: checkpoints (`training.checkpoints`) and the epoch
 loop (`training.controller`) take an Experiment.
 """
 

@@ -312,11 +312,11 @@ NOT_DECIDING = ("name", "data_dir", "features")
 
 def check_evaluation_splits(cfg: DictConfig) -> None:
     """Refuse, in one line, before the data loads: an evaluation whose dataset preprocessing
-    differs from the checkpoint's training run (its inputs would not be the model's), or
-    whose split keys differ (its val_ figures would be on other rows, perhaps trained on:
-    e.g. dataset.validation=0.1 against a run trained with null, on all of train). A run dir
-    from before the rows' fingerprints (`check_evaluation_rows`) is held to every dataset
-    key that may decide its rows (dataset.split_seed, test_split...)."""
+    differs from the checkpoint's training run (its inputs would not be the model's). A run
+    dir from before the rows' fingerprints (`check_evaluation_rows`, which compares the rows
+    themselves) is held to its split keys and every dataset key that may decide its rows
+    (e.g. dataset.validation=0.1 against a run trained with null, on all of train;
+    dataset.split_seed): its val_ figures would be on other rows, perhaps trained on."""
     try:
         prefix = find_checkpoint(cfg.ckpt_path)
     except DistlabError:
@@ -327,15 +327,17 @@ def check_evaluation_splits(cfg: DictConfig) -> None:
     trained = started.get("dataset")
     if not trained or trained.get("name") != cfg.dataset.name:
         return  # no config to compare with, or another dataset: none of its rows trained on
+    if fingerprint.recorded(run_dir.path) is not None:
+        return  # its rows are compared once they load
     trained = {"validation": None, **trained}  # a run from before dataset.validation: none
     keys = [k for k in SPLIT_KEYS if k in trained and trained[k] != cfg.dataset.get(k)]
-    if fingerprint.recorded(run_dir.path) is None:  # compare what may decide the rows
-        before = fingerprint.row_keys(trained)
-        after = fingerprint.row_keys(OmegaConf.to_container(cfg.dataset, resolve=True))
-        keys += [k.removeprefix("dataset.") for k in sorted(before) if k in after
-                 and before[k] != after[k] and k.removeprefix("dataset.") not in keys
-                 and k.removeprefix("dataset.").split(".", 1)[0] not in NOT_DECIDING]
-    differ = [override(f"dataset.{k}", trained[k]) for k in keys]
+    before = fingerprint.row_keys(trained)
+    after = fingerprint.row_keys(OmegaConf.to_container(cfg.dataset, resolve=True))
+    keys += [k for k in (k.removeprefix("dataset.") for k in sorted(before))
+             if f"dataset.{k}" in after and before[f"dataset.{k}"] != after[f"dataset.{k}"]
+             and k not in keys and k.split(".", 1)[0] not in NOT_DECIDING]
+    values = {**before, **{f"dataset.{k}": v for k, v in trained.items()}}
+    differ = [override(f"dataset.{k}", values[f"dataset.{k}"]) for k in keys]
     if differ:
         raise DistlabError(
             f"ckpt_path={cfg.ckpt_path} was trained with {' '.join(differ)}, and this "

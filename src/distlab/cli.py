@@ -38,9 +38,15 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun:  # a job process of its own (joblib, submitit_local) stops if the sweep dies
+        from distlab.launch import sweep_parent
+
+        sweep_parent.stop_when_orphaned()
     results = run(cfg, hydra_cfg.runtime.output_dir, multirun=multirun,
                   sweep_dir=hydra_cfg.sweep.dir if multirun else None,
                   origin=None if multirun else process_started())
+    if multirun:
+        sweep_parent.exit_if_orphaned(results.exit_code)
     if results.exit_code and (results.interrupted or not multirun):
         sys.exit(results.exit_code)
     return results.objective

@@ -34,7 +34,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from distlab.launch import refusals
+from distlab.launch import refusals, sweep_parent
 from distlab.launch.results import maximizes
 from distlab.launch.run_dir import RunDir
 from distlab.tracking import session as tracking
@@ -437,6 +437,7 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refusals.start_sweep()  # the jobs it refuses are recorded under its own id
+        sweep_parent.mark_sweep_process()  # its job processes stop if it dies
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.utils import configure_log

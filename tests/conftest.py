@@ -315,6 +315,8 @@ class Gated:
     def __init__(self, args: list[str], run_dir: Path, gate: str, folder: Path,
                  step_sleep: float = 0.0, env: dict | None = None, timeout: float = 240):
         folder.mkdir(parents=True, exist_ok=True)
+        for mark in ("reached", "released"):  # an earlier run's at the same gate
+            (folder / mark).unlink(missing_ok=True)
         self.folder, self.timeout = folder, timeout
         gate_env = {"DISTLAB_TEST_GATE": gate, "DISTLAB_TEST_GATE_DIR": str(folder),
                     "DISTLAB_TEST_STEP_SLEEP": str(step_sleep)}

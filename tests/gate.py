@@ -14,7 +14,6 @@ Set in the environment:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -43,7 +42,7 @@ def install() -> None:
     gate, folder = os.environ.get("DISTLAB_TEST_GATE"), os.environ.get("DISTLAB_TEST_GATE_DIR")
     pause = float(os.environ.get("DISTLAB_TEST_STEP_SLEEP", "0"))
     kind, _, where = (gate or "").partition(":")
-    step_end, during = Controller.step_end, StopRequest.during
+    step_end, begin = Controller.step_end, StopRequest.begin
 
     def gated_step_end(self, epoch: int, steps_done: int, loss: float) -> None:
         if pause:
@@ -52,15 +51,13 @@ def install() -> None:
             wait_at_gate(Path(folder))
         step_end(self, epoch, steps_done, loss)
 
-    @contextlib.contextmanager
-    def gated_during(self, stage: str, polled: bool = False):
-        with during(self, stage, polled):
-            if kind == "stage" and stage == where:
-                wait_at_gate(Path(folder))
-            yield
+    def gated_begin(self, stage: str, polled: bool = False) -> None:
+        begin(self, stage, polled)
+        if kind == "stage" and stage == where:
+            wait_at_gate(Path(folder))
 
     Controller.step_end = gated_step_end
-    StopRequest.during = gated_during
+    StopRequest.begin = gated_begin
 
 
 if __name__ == "__main__":

@@ -317,3 +317,48 @@ def test_a_signal_while_the_run_finishes_marks_its_tracker_run_killed_then_the_r
     [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
     assert run.info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == [1, 2]
+
+
+def test_a_second_signal_stops_at_once_in_one_line(tiny_data_dir, tmp_path):
+    """SIGINT and SIGTERM together mid-epoch: the second stops the run at once, without a
+    checkpoint: one line, no traceback, results.json interrupted, exit 128+signal."""
+    run_dir = tmp_path / "run"
+    args = [*fast_overrides(tiny_data_dir), "loop=custom", "strategy=default", "model=mlp",
+            "model.hidden_units=[16]", "trainer.steps_per_epoch=5"]
+    with Gated(args, run_dir, "step:0:2", tmp_path / "gate") as gated:
+        gated.wait()
+        gated.proc.send_signal(signal.SIGINT)
+        gated.signal(signal.SIGTERM)
+        returncode, output = gated.finish()
+    assert returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM), output[-3000:]
+    assert "Traceback" not in output
+    lines = [ln for ln in output.splitlines() if "[distlab][ERROR]" in ln]
+    assert len(lines) == 1 and "a second signal" in lines[0], output[-3000:]
+    cut = _results(run_dir)
+    assert (cut["status"], cut["interrupted_stage"]) == ("interrupted", "training")
+
+
+def test_a_signal_in_the_last_step_then_in_the_reruns_set_up_loses_nothing(
+        tiny_data_dir, tmp_path, run_inprocess):
+    """SIGTERM at the last step: the epoch is saved ("after epoch 2"), with its throughput;
+    SIGTERM again as the rerun sets up: the record is kept (marked interrupted at set-up);
+    the next rerun trains nothing and completes with the training attempt's throughput."""
+    training = ["loop=custom", "strategy=default", "model=mlp", "model.hidden_units=[16]",
+                "trainer.steps_per_epoch=3"]
+    args, run_dir = [*fast_overrides(tiny_data_dir), *training], tmp_path / "run"
+    returncode, output = signal_at(args, run_dir, "step:1:3")
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "after epoch 2;" in output, output[-3000:]
+    cut = _results(run_dir)
+    assert cut["epochs_completed"] == 2 and cut["train_examples_per_sec"] > 0
+
+    returncode, output = signal_at(args, run_dir, "stage:set-up")
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "during the set-up" in output and "Traceback" not in output
+    kept = _results(run_dir)
+    assert kept["interrupted_stage"] == "set-up"
+    assert kept["train_examples_per_sec"] == cut["train_examples_per_sec"]
+
+    done = run_inprocess(*training, out=run_dir)
+    assert done["status"] == "completed" and done["epochs_completed"] == 2
+    assert done["train_examples_per_sec"] == cut["train_examples_per_sec"]

@@ -1,7 +1,9 @@
 """SIGTERM/SIGINT from a job's start to its end: during training a flag the loops check at
 step boundaries (then checkpoint and stop); in every other stage (set-up, final evaluation,
-best-checkpoint test, export, the tracker's close) the stage is cut short at once. Either
-way the job ends with `Interrupted`, which names the stage."""
+export, best-checkpoint test, finish: results.json and the tracker's close) the stage is cut
+short at once. Either way the job ends with `Interrupted`, which names the stage; a second
+signal stops it at once, without a checkpoint. (Python runs a handler between bytecodes: a
+long TensorFlow op, a data cache being written, ends first.)"""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ from distlab.errors import DistlabError
 SETUP, TRAINING, FINAL_EVALUATION, BEST_TEST, EXPORT, FINISH, EVALUATION = (
     "set-up", "training", "final evaluation", "best-checkpoint test", "export", "finish",
     "evaluation")
+DONE = "end"  # everything is written: a signal now is only noted
+
+
+# after these, what was trained is on disk: a rerun completes the run without training
+AFTER_TRAINING = (FINAL_EVALUATION, EXPORT, BEST_TEST, FINISH)
 
 
 class Interrupted(DistlabError):
@@ -30,19 +37,19 @@ class Interrupted(DistlabError):
 
 
 class Signalled(BaseException):  # noqa: N818 - a signal, as KeyboardInterrupt is
-    """A signal in a stage that is cut short at once (a BaseException, as KeyboardInterrupt:
-    library code that catches Exception does not swallow it). `StopRequest.during` turns it
-    into `Interrupted`; outside any stage, `StopRequest.interrupted` does."""
+    """A signal in a stage that is cut short at once, or a second signal (a BaseException, as
+    KeyboardInterrupt: library code that catches Exception does not swallow it);
+    `StopRequest.as_interrupted` makes it an `Interrupted`."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, second: bool = False) -> None:
         super().__init__(signum)
-        self.signum = signum
+        self.signum, self.second = signum, second
 
 
 class StopRequest:
-    """Set by the signal handler; read by the loops between steps. `stage`: the job's stage
-    now; `polled`: whether its code checks the flag itself (training), else a signal ends the
-    stage at once."""
+    """Set by the signal handler; read by the loops between steps. A job runs its stages one
+    after another (`begin`); `polled`: whether the current stage's code checks the flag
+    itself (training: at step boundaries), else a signal ends the stage at once."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -51,33 +58,37 @@ class StopRequest:
     def __bool__(self) -> bool:
         return self.signum is not None
 
-    @contextlib.contextmanager
-    def during(self, stage: str, polled: bool = False) -> Iterator[None]:
-        """Run `stage`: a signal before it or during it ends it with `Interrupted` (a polled
-        stage's code raises that itself, at its next check; one that comes after its last
-        check is raised when the stage ends)."""
-        outer = (self.stage, self.polled)
+    def begin(self, stage: str, polled: bool = False) -> None:
+        """The job's next stage begins (a signal that came before it ends the job now)."""
         self.stage, self.polled = stage, polled
-        try:
-            self.check()
-            yield
-            self.check()
-        except Signalled as e:
-            raise self.interrupted(e.signum) from None
-        finally:
-            self.stage, self.polled = outer
+        self.check()
 
     def check(self) -> None:
         """Raise `Interrupted` if a signal came."""
         if self.signum is not None:
             raise self.interrupted(self.signum)
 
-    def interrupted(self, signum: int) -> Interrupted:
+    def as_interrupted(self, error: Interrupted | Signalled) -> Interrupted:
+        """`error` as the `Interrupted` that ends the job."""
+        if isinstance(error, Interrupted):
+            return error
+        return self.interrupted(error.signum, second=error.second)
+
+    def interrupted(self, signum: int, second: bool = False) -> Interrupted:
         """The `Interrupted` of a signal `signum` in the current stage."""
-        return Interrupted(
-            f"stopped by signal {signum} during the {self.stage}; what the run finished is "
-            f"kept (checkpoints, history.csv). Rerun the same command to complete it "
-            f"(nothing trained is trained again)", signum, self.stage)
+        if second:
+            what = (f"a second signal ({signum}) during the {self.stage} stopped the run at "
+                    "once, without a checkpoint; the latest checkpoint and history.csv are "
+                    "kept. Rerun the same command to resume from them")
+        elif self.stage in AFTER_TRAINING:
+            what = (f"stopped by signal {signum} during the {self.stage}; training is done "
+                    "and kept (checkpoints, history.csv). Rerun the same command to complete "
+                    "the run without training again")
+        else:
+            what = (f"stopped by signal {signum} during the {self.stage}, before anything "
+                    "was trained or measured in this attempt. Rerun the same command to run "
+                    "it (from the run's latest checkpoint, if any)")
+        return Interrupted(what, signum, self.stage)
 
 
 @contextlib.contextmanager
@@ -92,18 +103,20 @@ def stop_on_signals(sigterm: bool = True) -> Iterator[StopRequest]:
 
     def handler(signum, frame):
         if request.signum is not None:
-            raise KeyboardInterrupt(f"second signal {signum}: stopping without a checkpoint")
+            raise Signalled(signum, second=True)
         request.signum = signum
         if not request.polled:
             raise Signalled(signum)
 
-    signals = (signal.SIGTERM, signal.SIGINT) if sigterm else (signal.SIGINT,)
+    # a signal the process was started ignoring (nohup, `cmd &` in a script) stays ignored
+    signals = [s for s in ((signal.SIGTERM, signal.SIGINT) if sigterm else (signal.SIGINT,))
+               if signal.getsignal(s) is not signal.SIG_IGN]
     previous = {s: signal.signal(s, handler) for s in signals}
     previous.setdefault(signal.SIGTERM, signal.getsignal(signal.SIGTERM))  # restored after
     try:
         yield request
-    except Signalled as e:  # outside any stage
-        raise request.interrupted(e.signum) from None
+    except Signalled as e:
+        raise request.as_interrupted(e) from None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -31,7 +31,9 @@ from distlab.config import effective, register_configs, training_diff, validate
 from distlab.config.store import config_dir_problem
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import (
+    DONE,
     FINISH,
+    SETUP,
     Interrupted,
     Signalled,
     StopRequest,
@@ -270,6 +272,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             return Results(out, previous or {}, objective_value(previous or {}, cfg.objective))
         run_dir.mark_holder()
         owned = True
+        stop.begin(SETUP)  # (the stage since the handlers; from here the run dir is ours)
         if log_file and scratch is None:
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
         if cfg.mode == "train":
@@ -281,14 +284,15 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
 
         results = execute(cfg, run_dir, strategy=strategy, worker=worker, origin=origin,
                           stop=stop)
-        with stop.during(FINISH):
-            if scratch is None:
-                run_dir.write_results(results)
-                log.info("results: %s", run_dir.results_json)
-            outcome = results
-            if session is not None:
-                session.finish(results)
-                session = run_dir.tracker = None
+        stop.begin(FINISH)
+        if scratch is None:
+            run_dir.write_results(results)
+            log.info("results: %s", run_dir.results_json)
+        outcome = results
+        if session is not None:
+            session.finish(results)
+            session = run_dir.tracker = None
+        stop.begin(DONE, polled=True)  # a signal from now on is only noted
         return Results(out, results, objective_value(results, cfg.objective))
     except RunDirBusy as e:  # another job's directory: change nothing in it
         if sweep_dir is not None and scratch is None:  # a failed job of the sweep
@@ -297,15 +301,13 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         print(f"error: {e}", file=sys.stderr)
         return Results(out, exit_code=USER_ERROR, error=str(e))
     except (Interrupted, Signalled) as e:  # a signal: what the job finished is kept
-        stopped = e if isinstance(e, Interrupted) else stop.interrupted(e.signum)
+        stopped = stop.as_interrupted(e)
         log.error(str(stopped))
-        outcome = _interrupted_results(stopped, results, cfg, origin or started)
-        if owned and scratch is None:
-            if stopped.results is None and results is None:  # set-up: never over a completed
-                run_dir.record_failure(outcome)
-            else:
-                run_dir.write_results(outcome)
-        return Results(out, outcome, exit_code=128 + stopped.signum, error=str(stopped))
+        outcome = _interrupted_results(stopped, results, run_dir.read_results() if owned
+                                       else None, cfg, origin or started)
+        if owned and scratch is None and outcome is not None:
+            run_dir.write_results(outcome)
+        return Results(out, outcome or {}, exit_code=128 + stopped.signum, error=str(stopped))
     except Exception as e:  # noqa: BLE001 - every failure is reported the same way
         user_error = isinstance(e, DistlabError)
         # a DistlabError is one line (when TensorFlow traced the code it came from, without
@@ -331,14 +333,23 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
 
 
 def _interrupted_results(stopped: Interrupted, results: dict[str, Any] | None,
-                         cfg: DictConfig, started: float) -> dict[str, Any]:
-    """results.json of a job a signal stopped: the runner's record of what it finished, or
-    the completed results (the tracker's close was cut short), or the config's fields."""
+                         previous: dict[str, Any] | None, cfg: DictConfig, started: float
+                         ) -> dict[str, Any] | None:
+    """results.json of a job a signal stopped: the runner's record of what it finished; or
+    the completed results (the finish was cut short); or, stopped before anything was
+    measured, the previous attempt's record marked interrupted (None: a completed run's stays
+    as it is), else the config's fields."""
     if stopped.results is not None:
         return stopped.results
-    base = results or {k: v for k, v in failed_results(cfg, "", started).items()
-                       if k != "error"}
-    return {**base, "status": "interrupted", "interrupted_stage": stopped.stage}
+    mark = {"status": "interrupted", "interrupted_stage": stopped.stage}
+    if results is not None:
+        return {**results, **mark}
+    if previous is not None:
+        if previous.get("status") == "completed":
+            return None
+        return {**{k: v for k, v in previous.items() if k != "error"}, **mark}
+    return {**{k: v for k, v in failed_results(cfg, "", started).items() if k != "error"},
+            **mark}
 
 
 def _check_interpolations(cfg: DictConfig) -> None:

@@ -285,10 +285,11 @@ class Controller:
             self.preemption.save_checkpoint_if_preempted()  # may call save_here, preempted
         elif self.stop:
             path = self.save_here()
+            where = (f"at epoch {epochs_done + 1}, step {steps_in_epoch}" if steps_in_epoch
+                     else f"after epoch {epochs_done}")
             raise Interrupted(
-                f"stopped by signal {self.stop.signum} at epoch {epochs_done + 1}, step "
-                f"{steps_in_epoch}; checkpoint {path} saved. Rerun the same command to resume.",
-                self.stop.signum)
+                f"stopped by signal {self.stop.signum} {where}; checkpoint {path} saved. Rerun "
+                "the same command to resume.", self.stop.signum)
 
     def save_here(self) -> str:
         """A checkpoint at the current step boundary (mid-epoch: with the epoch's sums)."""

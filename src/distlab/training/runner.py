@@ -32,6 +32,7 @@ from distlab.distribute.preemption import (
     FINAL_EVALUATION,
     TRAINING,
     Interrupted,
+    Signalled,
     StopRequest,
 )
 from distlab.errors import DistlabError, override
@@ -200,33 +201,30 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     controller = Controller(exp, loop, checkpoints, user_callbacks)
     controller.stop = stop  # polled between steps; every other stage is cut short at once
+    done: dict[str, Any] = {}  # the figures so far, kept if a signal cuts a stage short
     try:
         _train_epochs(exp, controller, checkpoints, initial_epoch, skip_steps, stop)
-    except Interrupted as e:  # the job writes e.results
-        epoch, step = checkpoints.position
-        e.results = _results(exp, epoch, status="interrupted", interrupted_stage=e.stage,
-                             steps_in_epoch=step, checkpoint=checkpoints.latest)
-        raise
-    # the figures so far, kept in results.json if a signal cuts a stage short
-    done: dict[str, Any] = _throughput(exp, controller)
-    try:
-        with stop.during(FINAL_EVALUATION):
-            done.update(_final_figures(loop))
+        done.update(_throughput(exp, controller))
+        stop.begin(FINAL_EVALUATION)
+        done.update(_final_figures(loop))
         if exp.cfg.trainer.export:
-            with stop.during(EXPORT):
-                done.update(export_and_check(exp))
+            stop.begin(EXPORT)
+            done.update(export_and_check(exp))
         done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
         if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
             # last: it replaces the final model's weights with the best epoch's
-            with stop.during(BEST_TEST):
-                checkpoints.restore_model(done["best_checkpoint"])
-                best = _prefixed("best_test", loop.evaluate("test"))
+            stop.begin(BEST_TEST)
+            checkpoints.restore_model(done["best_checkpoint"])
+            best = _prefixed("best_test", loop.evaluate("test"))
             done.update(best)
             log.info("checkpoints/best (epoch %d): %s", done["best_epoch"], _figures(best))
-    except Interrupted as e:
-        e.results = _results(exp, checkpoints.position[0], **done, status="interrupted",
-                             interrupted_stage=e.stage, checkpoint=checkpoints.latest)
-        raise
+    except (Interrupted, Signalled) as e:  # the job writes its results
+        stopped = stop.as_interrupted(e)
+        epoch, step = checkpoints.position
+        stopped.results = _results(exp, epoch, **(done or _throughput(exp, controller)),
+                                   status="interrupted", interrupted_stage=stopped.stage,
+                                   steps_in_epoch=step, checkpoint=checkpoints.latest)
+        raise stopped from None
     return _results(exp, checkpoints.position[0], **done, checkpoint=checkpoints.latest)
 
 
@@ -235,8 +233,8 @@ def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoi
     """The training stage: the Controller's epochs, from the resumed position."""
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
-    with stop.during(TRAINING, polled=True), \
-            tempfile.TemporaryDirectory(prefix="distlab-preemption-") as scratch:
+    stop.begin(TRAINING, polled=True)
+    with tempfile.TemporaryDirectory(prefix="distlab-preemption-") as scratch:
         if exp.worker.multi_worker:
             controller.preemption = multi_worker.preemption_handler(
                 exp, Path(scratch), save=controller.save_here, stop=controller.preempted)
@@ -253,6 +251,7 @@ def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoi
                                                 checkpoints.save_again)
         finally:
             controller.close()
+    stop.check()  # a signal after the last step's check: training is saved, stop here
 
 
 def _throughput(exp: Experiment, controller: Controller) -> dict[str, Any]:
@@ -296,8 +295,16 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
     if prefix:
         _warn_if_other_precision(exp, prefix)
     log.info("restored %s", prefix or "the chief's checkpoint")
-    with stop.during(EVALUATION):
+    try:
+        stop.begin(EVALUATION)
         figures = _final_figures(loop)
+    except (Interrupted, Signalled) as e:
+        stopped = stop.as_interrupted(e)
+        stopped.results = _results(exp, checkpoints.position[0], status="interrupted",
+                                   interrupted_stage=stopped.stage, checkpoint=prefix,
+                                   train_examples_per_sec=None, learning_rate=None,
+                                   steps_per_epoch=None)
+        raise stopped from None
     return _results(exp, checkpoints.position[0], **figures, checkpoint=prefix,
                     train_examples_per_sec=None, learning_rate=None, steps_per_epoch=None,
                     trained=trained_with(prefix) if prefix else None)

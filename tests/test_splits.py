@@ -147,7 +147,10 @@ def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
             (["dataset.train_split=valid"], "dataset.train_split='valid' cannot be read from "
              "the splits dataset.name='ids' returns: .* Unknown split 'valid'"),
             (["dataset.validation=validation"], "dataset.validation='validation' names the "
-             "split 'validation', which dataset.name='ids' does not return")):
+             "split 'validation', which dataset.name='ids' does not return"),
+            # tfds' feature keys have no meaning for a builder: refused, not recorded
+            (["dataset.features.input=age"], "dataset.features.input=age names a tfds "
+             "feature, and dataset.name='ids' is a dataset builder of yours")):
         with pytest.raises(DistlabError, match=re.escape(message).replace(r"\.\*", ".*")):
             _load(tiny_data_dir, *user, *overrides)
     with pytest.raises(DistlabError,

@@ -520,6 +520,13 @@ def _user_splits(cfg: DictConfig) -> RawSplits:
     from distlab.registry import DATASETS
 
     key = f"dataset.name={cfg.name!r}"
+    given = {k: v for k, v in (cfg.get("features") or {}).items() if v is not None}
+    if given:  # tfds' feature names: a builder's DataSplits are (inputs, labels) already
+        name, value = next(iter(given.items()))
+        raise DistlabError(
+            f"dataset.features.{name}={value} names a tfds feature, and {key} is a dataset "
+            "builder of yours, whose DataSplits give the inputs and labels: remove "
+            f"dataset.features, or give your builder a key of its own to choose its inputs")
     try:
         splits = DATASETS.get(cfg.name)(cfg)
     except DistlabError:

@@ -97,7 +97,8 @@ def test_stateful_metrics_are_exact_over_replicas_and_padding(replicas):
            "recall": keras.metrics.Recall()}
     for name, metric in one.items():
         metric.update_state(y.astype(np.float32), p)
-        assert figures[name] == float(metric.result()), name
+        # distlab reads the counts in float64, Keras divides them in float32
+        assert figures[name] == pytest.approx(float(metric.result()), rel=1e-6), name
     assert figures["auc"] == pytest.approx(roc_auc_score(y, p), abs=2e-3)
     assert figures["precision"] == pytest.approx(precision_score(y, p > 0.5), abs=1e-7)
     assert figures["recall"] == pytest.approx(recall_score(y, p > 0.5), abs=1e-7)

@@ -72,6 +72,27 @@ PY_FILES = [(b, path, text) for b in BLOCKS if b.kind == "files"
             for path, text in b.files.items() if path.endswith(".py")]
 
 
+@pytest.fixture(autouse=True)
+def _without_the_tests_own_registrations():
+    """A snippet registers names (`clip_per_replica`) that the suite's own plug-in modules
+    (tests/user_loops.py ...) may have registered in this process already: set those aside
+    while a snippet runs, as a user's fresh process would not have them."""
+    from distlab import registry
+
+    own = ("user_loops", "user_inputs", "callback_recorder")
+    groups = [r for r in vars(registry).values() if isinstance(r, registry.Registry)]
+    aside = {}
+    for group in groups:
+        names = [n for n, origin in group._origin.items() if origin.split(":")[0] in own]
+        aside[group] = {n: (group._items.pop(n), group._origin.pop(n)) for n in names
+                        if n in group._items}
+    yield
+    for group, entries in aside.items():
+        for name, (item, origin) in entries.items():
+            group._items.setdefault(name, item)
+            group._origin.setdefault(name, origin)
+
+
 def _ids(items) -> list[str]:
     return [getattr(i, "id", None) or getattr(i, "where", None) or f"{i[0].where}:{i[1]}"
             for i in items]

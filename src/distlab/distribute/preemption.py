@@ -94,7 +94,7 @@ class StopRequest:
 @contextlib.contextmanager
 def stop_on_signals(sigterm: bool = True) -> Iterator[StopRequest]:
     """While active, the first SIGTERM/SIGINT sets the flag (and ends a stage that is not
-    polled, see `StopRequest.during`); a second one aborts at once. `sigterm=False` leaves
+    polled, see `StopRequest.begin`); a second one stops at once. `sigterm=False` leaves
     SIGTERM to another handler (TensorFlow's PreemptionCheckpointHandler across workers)."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():

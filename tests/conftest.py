@@ -233,21 +233,23 @@ def run_once(tiny_data_dir, tmp_path_factory):
     return _run
 
 
-def run_command(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, bool]:
-    """`python run.py ARGS` in a fresh interpreter: the process (its exit status is the
-    command's) and whether TensorFlow was imported by the time the command ended (what a
-    refusal "before TensorFlow" means, whatever the machine's speed)."""
+def run_command(*args: str, timeout: float = 60, cwd: Path = ROOT,
+                ) -> tuple[subprocess.CompletedProcess, bool]:
+    """`python run.py ARGS` in a fresh interpreter, from `cwd`: the process (its exit status
+    is the command's) and whether TensorFlow was imported by the time the command ended (what
+    a refusal "before TensorFlow" means, whatever the machine's speed)."""
+    run_py = str(ROOT / "run.py")
     code = (
         "import runpy, sys\n"
-        f"sys.argv = ['run.py', *{list(args)!r}]\n"
+        f"sys.argv = [{run_py!r}, *{list(args)!r}]\n"
         "status = 0\n"
-        "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+        f"try:\n    runpy.run_path({run_py!r}, run_name='__main__')\n"
         "except SystemExit as e:\n    status = e.code\n"
         "print('TENSORFLOW_IMPORTED' if 'tensorflow' in sys.modules else 'NO_TENSORFLOW',\n"
         "      file=sys.stderr)\n"
         "sys.exit(status)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
                          timeout=timeout)
     tensorflow = out.stderr.rstrip().splitlines()[-1:]
     assert tensorflow in (["TENSORFLOW_IMPORTED"], ["NO_TENSORFLOW"]), out.stdout + out.stderr

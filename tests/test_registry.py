@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from conftest import ROOT, compose
+from conftest import ROOT, compose, run_command
 
 from distlab import plugins
 from distlab.errors import DistlabError
@@ -216,15 +216,10 @@ def test_cli_plugin_errors_are_one_line_before_tensorflow(tmp_path):
     }
     for override, expected in cases.items():
         start = time.time()
-        code = ("import runpy, sys\n"
-                f"sys.argv = [{str(ROOT / 'run.py')!r}, {override!r}, "
-                f"'hydra.run.dir={tmp_path / 'out'}']\n"
-                "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
-                "finally:\n    print('tensorflow' in sys.modules, file=sys.stderr)\n")
-        out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=60)
+        out, tensorflow = run_command(override, f"hydra.run.dir={tmp_path / 'out'}",
+                                      cwd=tmp_path)
         print(f"{override}: refused in {time.time() - start:.1f} s")
-        assert out.stderr.rstrip().splitlines()[-1] == "False", out.stderr[-2000:]
+        assert not tensorflow, out.stderr[-2000:]
         errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines()
                   if "ERROR" in line or line.startswith("error")]
         assert out.returncode == 2 and len(errors) == 1 and expected in errors[0], (

@@ -1,4 +1,4 @@
-"""Issue 19: any input structure a Keras model takes (one tensor, a tuple, a dict; numbers,
+"""Any input structure a Keras model takes (one tensor, a tuple, a dict; numbers,
 integer ids, strings; variable length), and preprocessing adapted on the training split
 (a model builder's own `adapt`, and `dataset.preprocess.standardize`)."""
 
@@ -340,7 +340,7 @@ def test_a_string_input_with_rescale_exits_2_without_a_traceback(tiny_data_dir, 
                                   "test-monitor", "test-best-checkpoint"])
 def test_each_listed_mistake_is_one_line_exit_2_before_tensorflow(case, reviews_dir,
                                                                    tiny_data_dir, tmp_path):
-    """Issue 19's mistakes, run as `python run.py` runs them (in this process): one line
+    """Input mistakes, run as `python run.py` runs them (in this process): one line
     naming the key, exit status 2, no traceback, refused before distlab's TensorFlow side."""
     args, needle = {
         "input-structure": ((f"dataset.data_dir={reviews_dir}", "dataset.name=tiny_reviews",

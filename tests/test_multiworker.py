@@ -208,7 +208,7 @@ def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_pa
     """keras_fit across 2 workers: a SIGTERM to worker 1 mid-epoch 2 stops both at one step
     with a checkpoint; the preemption save reads the epoch's metric sums on every worker, so
     the resumed run's rows equal one process's with 2 replicas."""
-    from test_issue18_resume_eval import _same_rows
+    from test_resumed_epochs_and_evaluation import _same_rows
 
     run = ("trainer.epochs=2", "trainer.steps_per_epoch=100", *RUN[2:], "loop=keras_fit")
     _, one = run_once(*run, "strategy.cpu_devices=2")

@@ -126,7 +126,7 @@ def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_
     143, one line, status interrupted, a mid-epoch checkpoint; the rerun's rows (the resumed
     epoch whole), test loss and time to target equal an uninterrupted run's (in this process,
     on the same default strategy)."""
-    from test_issue18_resume_eval import SMALL, _same_rows
+    from test_resumed_epochs_and_evaluation import SMALL, _same_rows
 
     training = [f"loop={loop}", "strategy=default", *SMALL, "trainer.steps_per_epoch=12",
                 "trainer.target.metric=accuracy", "trainer.target.value=0.5"]

@@ -204,7 +204,7 @@ BUILTIN_TASKS = ("classification", "regression", "binary")
 def builtin_task_metrics(task: DictConfig) -> dict[str, bool] | None:
     """{metric name: higher_is_better} of distlab's own tasks with distlab's own metrics,
     known without building them (None for a user task, or a user metric in task.metrics).
-    tests/test_issue18_config.py checks it against `distlab.components.tasks`."""
+    tests/test_config_refusals_and_directions.py checks it against `distlab.components.tasks`."""
     name = task.get("name")
     if name not in BUILTIN_TASKS:
         return None

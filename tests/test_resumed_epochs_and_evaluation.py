@@ -1,4 +1,4 @@
-"""Issue 18: a run resumed mid-epoch records the whole epoch (history row, monitors); the
+"""A run resumed mid-epoch records the whole epoch (history row, monitors); the
 profiler after a resume; evaluation restores the model only, whatever it was trained with."""
 
 from __future__ import annotations

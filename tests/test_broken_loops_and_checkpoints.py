@@ -1,5 +1,5 @@
 """A user's loop that breaks the Loop contract, and damaged checkpoints: one line each, naming
-what to fix, exit status 2 (the QA pass of issue 20)."""
+what to fix, exit status 2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 18, items 5 and 6: the micro-batches left over at the end of an accumulating run
+"""Gradient accumulation and clipping: the micro-batches left over at the end of an accumulating run
 make one last update; clipping acts on the gradient summed over replicas, so a clipped run
 does not depend on the replica count."""
 

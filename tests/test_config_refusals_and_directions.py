@@ -1,5 +1,5 @@
-"""Issue 18, items 3, 4, 10-14, 16: config-time refusals, rerun messages, objective directions
-and the Optuna sweeper's direction and messages. The fast ones start no training."""
+"""Config-time refusals, rerun messages, objective directions and the Optuna sweeper's
+direction and messages. The fast ones start no training."""
 
 from __future__ import annotations
 

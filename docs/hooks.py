@@ -40,16 +40,16 @@ def on_page_markdown(markdown: str, page: Any = None, **_: Any) -> str:
 # ----------------------------------------------------------------------- results.json
 
 
-def results_fields() -> tuple[tuple[Any, ...], dict[str, str]]:
-    """The results.json fields, in order, and what each `when` means: the one place the
-    docs read them from."""
+def results_fields() -> tuple[tuple[Any, ...], dict[str, str], str]:
+    """The results.json fields, in order, what each `when` means and where the list is: the
+    one place the docs read them from."""
     from distlab.launch import results as records  # the records layer: change this line only
 
-    return tuple(records.FIELDS), getattr(records, "WRITTEN_BY", {})
+    return tuple(records.FIELDS), getattr(records, "WRITTEN_BY", {}), records.__name__
 
 
 def results_table() -> str:
-    fields, written_by = results_fields()
+    fields, written_by, where = results_fields()
     extra = [a for a in ("type", "direction") if any(hasattr(f, a) for f in fields)]
     head = ["field", "written by", *extra, "what it holds"]
     rows = []
@@ -59,7 +59,7 @@ def results_table() -> str:
                            else "")
         rows.append([f"`{field.name}`", written_by.get(when, when),
                      *[_text(getattr(field, a, "")) for a in extra], doc])
-    return _table(head, rows)
+    return f"Generated from `{where}.FIELDS`.\n\n" + _table(head, rows)
 
 
 # ----------------------------------------------------------------------- configuration

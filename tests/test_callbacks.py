@@ -239,6 +239,6 @@ def test_the_readme_says_what_each_hook_gets():
     for hook in ("`on_train_begin`", "`on_epoch_begin(epoch)`", "`on_train_batch_begin(step)`"):
         assert rows[hook].rstrip(" |").endswith("empty (`{}`)"), hook
     assert "never" in rows["`on_test_*`, `on_predict_*`"]
-    section = text[text.index("| hook | when | logs |"):text.index("**Monitors.**")]
+    section = text[text.index("| hook | when | logs |"):text.index("## Monitors")]
     assert "from 0 in the hooks" in section and "on_epoch_end(1)" in section
     assert '`stopped_early: {"epoch": 2, ...}`' in section

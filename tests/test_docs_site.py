@@ -89,15 +89,28 @@ def test_the_results_page_lists_every_field_and_no_other(hooks):
         assert ("may be the `objective`" in row) == field.objective, field.name
 
 
+def _anchors(page) -> set[str]:
+    """The ids the site gives a page's headings (Python-Markdown's toc slugs)."""
+    from markdown.extensions.toc import slugify
+    from markdown_it import MarkdownIt
+
+    tokens = MarkdownIt("commonmark").parse(page.read_text())
+    return {slugify(tokens[i + 1].content, "-") for i, t in enumerate(tokens)
+            if t.type == "heading_open"}
+
+
 def test_the_readmes_links_resolve():
-    """README.md and the examples' READMEs link to files that exist (mkdocs --strict checks
-    the site's own pages)."""
+    """README.md and the examples' READMEs link to files that exist, and to headings the
+    pages have (mkdocs --strict checks the site's own pages)."""
     from readme_snippets import DOCS
 
     for doc in (d for d in DOCS if d.name == "README.md"):
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
-            if "://" not in target:
-                assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)}: {target}"
+        for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", doc.read_text()):
+            if "://" in target:
+                continue
+            where = f"{doc.relative_to(ROOT)}: {target}"
+            assert (doc.parent / target).exists(), where
+            assert not anchor or anchor in _anchors(doc.parent / target), f"{where}#{anchor}"
 
 
 def test_the_readme_shows_the_setup_commands_ci_runs():

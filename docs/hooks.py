@@ -68,8 +68,8 @@ def results_table() -> str:
 def configuration_reference() -> str:
     from distlab.config import schema
 
-    parts = ["## Shared settings", "",
-             "Top-level keys of the composed config (`Config`), `trainer.*` included.", "",
+    parts = ["## Top-level keys and `trainer`", "",
+             "The composed config's own keys (`Config`), `trainer.*` included.", "",
              _keys_table(schema.Config, "", skip=set(_group_names(schema)))]
     options = _composed_options()
     for group in _group_names(schema):
@@ -139,7 +139,7 @@ def _header(path: Path) -> str:
             break
         if not line.startswith("# @package"):
             lines.append(line.lstrip("#").strip())
-    return " ".join(lines)
+    return re.sub(r"(\w)- (\w)", r"\1-\2", " ".join(lines))  # a word cut at a line end
 
 
 def _options_table(group: str, options: dict[str, tuple[str, dict]], schema: Any) -> str:
@@ -150,9 +150,8 @@ def _options_table(group: str, options: dict[str, tuple[str, dict]], schema: Any
         sets = [f"`{k}={_value(v)}`" for k, v in _flat(value).items()
                 if cls and (k not in defaults or defaults[k] != v)]
         rows.append([f"`{group}={option}`", header, ", ".join(sets)])
-    if group == "experiment" or group == "hparams_search":
-        head = ["option", "what it is", ""]
-        return _table(head[:2], [r[:2] for r in rows])
+    if not any(row[2] for row in rows):  # presets and searches: their header says it
+        return _table(["option", "what it is"], [row[:2] for row in rows])
     return _table(["option", "what it is", "sets (beside the schema's defaults)"], rows)
 
 

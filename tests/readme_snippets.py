@@ -1,4 +1,5 @@
-"""The code blocks of README.md and examples/*/README.md, read as a user reads them.
+"""The code blocks of README.md, the documentation site's pages (docs/**/*.md) and
+examples/*/README.md, read as a user reads them.
 
 markdown-it-py (CommonMark, installed with Keras' `rich`) finds the blocks. A block is
 - files: it starts with `# path/to/file.py` (or .yaml), and may hold several such files;
@@ -23,7 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = (ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md")))
+# records, not instructions: the commands and code excerpts as they were when measured (the
+# benchmarks' own scripts, code since changed), and standalone reproductions (tests/repro/)
+RECORDS = {ROOT / "docs" / "BENCHMARKS.md", ROOT / "docs" / "keras-distribute-bugs.md"}
+# README.md and the site's pages: one user project (`# my_project/...` files) runs them all
+PROJECT_DOCS = (ROOT / "README.md",
+                *sorted(p for p in (ROOT / "docs").rglob("*.md") if p not in RECORDS))
+DOCS = (*PROJECT_DOCS, *sorted((ROOT / "examples").glob("*/README.md")))
 FILE_HEADER = re.compile(r"^# ([\w./-]+\.(?:py|yaml|toml))\s*$")
 SHELL_PROGRAMS = ("python", "distlab", "pip", "export", "cd", "srun", "mlflow",
                   "saved_model_cli", "tensorboard")
@@ -91,6 +98,16 @@ def blocks(doc: Path) -> list[Block]:
 
 def all_blocks() -> list[Block]:
     return [b for doc in DOCS for b in blocks(doc)]
+
+
+def block_with(text: str) -> Block:
+    """The block of README.md or a site page that contains `text` (a test of its code)."""
+    return next(b for doc in PROJECT_DOCS for b in blocks(doc) if text in b.text)
+
+
+def docs_text() -> str:
+    """README.md and the site's pages, as one text (a test of what they say)."""
+    return "\n".join(doc.read_text() for doc in PROJECT_DOCS)
 
 
 def joined(text: str) -> str:

@@ -230,14 +230,15 @@ def test_a_progress_bar_per_epoch_on_a_terminal(loop, tiny_data_dir, tmp_path):
 
 
 def test_the_readme_says_what_each_hook_gets():
-    """README's hooks table as the calls above are: empty logs for the begin hooks, no
-    on_test_*/on_predict_* call, and hook epochs 0-based against stopped_early's 1-based."""
-    text = (ROOT / "README.md").read_text()
+    """The Callbacks guide's hooks table as the calls above are: empty logs for the begin
+    hooks, no on_test_*/on_predict_* call, and hook epochs 0-based against stopped_early's
+    1-based."""
+    text = (ROOT / "docs" / "guides" / "callbacks.md").read_text()
     table = text[text.index("| hook | when | logs |"):]
     rows = {row.split("|")[1].strip(): row for row in table[:table.index("\n\n")].splitlines()}
     for hook in ("`on_train_begin`", "`on_epoch_begin(epoch)`", "`on_train_batch_begin(step)`"):
         assert rows[hook].rstrip(" |").endswith("empty (`{}`)"), hook
     assert "never" in rows["`on_test_*`, `on_predict_*`"]
-    section = text[text.index("| hook | when | logs |"):text.index("**Monitors.**")]
+    section = text[text.index("| hook | when | logs |"):text.index("## Monitors")]
     assert "from 0 in the hooks" in section and "on_epoch_end(1)" in section
     assert '`stopped_early: {"epoch": 2, ...}`' in section

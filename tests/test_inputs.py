@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -248,22 +247,16 @@ def test_standardize_adapts_each_input_of_any_structure(name, inputs):
 
 
 def readme_block(marker: str) -> str:
-    """The README's indented code block that contains `marker`, dedented, as pasted."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    at = next(i for i, line in enumerate(lines) if marker in line)
-    start = at
-    while start > 0 and (lines[start - 1].startswith("    ") or not lines[start - 1].strip()):
-        start -= 1
-    end = at
-    while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
-        end += 1
-    return textwrap.dedent("\n".join(lines[start:end])).strip() + "\n"
+    """The docs' code block that contains `marker`, as pasted."""
+    from readme_snippets import block_with
+
+    return block_with(marker).text
 
 
 @pytest.fixture
 def readme_tabular(monkeypatch):
-    """The README's my_tabular snippet, executed as pasted (its registrations undone after
-    the test)."""
+    """The docs' my_tabular snippet (the inputs guide), executed as pasted (its registrations
+    undone after the test)."""
     from distlab.registry import DATASETS, MODELS
 
     for registry in (DATASETS, MODELS):
@@ -271,7 +264,7 @@ def readme_tabular(monkeypatch):
         monkeypatch.setattr(registry, "_origin", dict(registry._origin))
     code = readme_block('@distlab.register("model", "my_tabular")')
     assert code.startswith("# my_project/my_tabular.py\nimport keras")
-    exec(compile(code, "README.md", "exec"), {"__name__": "my_tabular"})
+    exec(compile(code, "docs/guides/inputs.md", "exec"), {"__name__": "my_tabular"})
     return ("dataset.name=my_people", "model.name=my_tabular", "dataset.preprocess.rescale=null",
             "dataset.preprocess.standardize=true")
 
@@ -283,7 +276,8 @@ def test_the_readmes_tabular_snippet_builds_on_the_data_it_describes(readme_tabu
 
     data = _load(*readme_tabular, replicas=1)
     assert pipeline.describe_inputs(data.raw_input) == "age: float32 (1,), city: string ()"
-    assert "age: float32 (1,), city: string ()" in (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "guides" / "inputs.md").read_text()
+    assert "age: float32 (1,), city: string ()" in guide
     model = models.build_for(compose(list(readme_tabular)).model, data)
     assert model(next(iter(data.train_inputs(8)))).shape == (8, 2)
 
@@ -541,10 +535,12 @@ def test_the_docs_say_a_lookup_vocabulary_is_adapted_again_not_checkpointed(tmp_
     tables = {name: shape for name, shape in tf.train.list_variables(prefix)
               if "token_counts" in name}
     assert tables and all(shape == [0] for shape in tables.values()), tables
-    readmes = [ROOT / "README.md", *sorted((ROOT / "examples").glob("*/README.md"))]
+    from readme_snippets import DOCS
+
+    readmes = DOCS
     for readme in readmes:
         text = " ".join(readme.read_text().split())
         claims = [s for s in text.split(". ") if "vocabular" in s and "every checkpoint" in s]
         assert not claims, (readme, claims)
-        if "vocabular" in text and readme.parent != ROOT:
+        if "vocabular" in text and "examples" in readme.relative_to(ROOT).parts:
             assert "not in the checkpoints" in text and "adapt it again" in text, readme

@@ -47,8 +47,10 @@ def test_the_overlap_refusal_suggests_overrides_that_run(tiny_data_dir):
     assert (cfg.dataset.train_split, cfg.dataset.validation) == ("train[:90%]", "train[90%:]")
 
 
-def test_the_readmes_split_overrides_run_as_printed():
-    spans = re.findall(r"`([^`]*train\[[^`]*)`", (ROOT / "README.md").read_text())
+def test_the_docs_split_overrides_run_as_printed():
+    from readme_snippets import docs_text
+
+    spans = re.findall(r"`([^`]*train\[[^`]*)`", docs_text())
     commands = [s for s in spans if re.match(r"^[\"']?dataset\.\w+=", s)]
     assert commands
     for text in commands:

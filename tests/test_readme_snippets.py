@@ -1,4 +1,6 @@
-"""Every snippet of README.md and examples/*/README.md runs, so one that rots fails CI.
+"""Every snippet of README.md, of the documentation site (docs/**/*.md, but for the two
+records named in readme_snippets.RECORDS) and of examples/*/README.md runs, so one that rots
+fails CI.
 
 The blocks are found generically (tests/readme_snippets.py: markdown-it-py), so a block added
 or changed is tested as it stands. The fast tier composes and checks every `python run.py` /
@@ -6,9 +8,10 @@ or changed is tested as it stands. The fast tier composes and checks every `pyth
 of a sweep too), lints every Python block for names it never defines, and checks that no
 command word would be globbed by a shell. The slow tier runs every single-run command with
 a few steps on tiny data (`distlab.train`, with the command's `--config-dir`), and every
-Python block a user would paste. README.md's blocks run from a project made of its own
-`# my_project/...` files, an example's from its directory. What cannot run here is listed
-below, each with its reason.
+Python block a user would paste. The blocks of README.md and the site's pages run from one
+project made of their `# my_project/...` files, an example's from its directory; a command
+that README.md and a page both show is composed and trained once. What cannot run here is
+listed below, each with its reason.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from conftest import ROOT
 from readme_snippets import (
     FRAGMENT_PREAMBLE,
     PLACEHOLDER,
+    PROJECT_DOCS,
     Block,
     Command,
     all_blocks,
@@ -49,6 +53,7 @@ SKIPPED_COMMANDS = {
 }
 NOT_DISTLAB = {  # other programs a README shows, and why a test does not run them
     "pip": "installs packages (CI installs the checkout; tests/test_package.py the wheel)",
+    "python -m pip": "installs packages (CI installs the checkout with this command)",
     "export": "sets the shell's environment",
     "cd": "changes the shell's directory (each test runs from its own)",
     "mlflow": "starts the MLflow UI server",
@@ -64,8 +69,22 @@ NOT_TRAINED = {  # single runs that are composed and checked but not trained her
 
 BLOCKS = all_blocks()
 COMMANDS = [c for b in BLOCKS if b.kind == "shell" for c in commands(b)]
-DISTLAB = [c for c in COMMANDS if c.is_distlab
-           and not any(n in c.text for n in SKIPPED_COMMANDS)]
+
+
+def _project(doc: Path) -> Path:
+    """Where a doc's snippets run (see project_of): README.md and the site share one."""
+    return ROOT if doc in PROJECT_DOCS else doc.parent
+
+
+def _once(commands: list[Command]) -> list[Command]:
+    """A command shown in several docs of one project (README.md and a page) once."""
+    seen: set = set()
+    return [c for c in commands if (_project(c.block.doc), c.text) not in seen
+            and not seen.add((_project(c.block.doc), c.text))]
+
+
+DISTLAB = _once([c for c in COMMANDS if c.is_distlab
+                 and not any(n in c.text for n in SKIPPED_COMMANDS)])
 PYTHON = [b for b in BLOCKS if b.kind == "python"
           and not any(n in b.text for n in SKIPPED_BLOCKS)]
 PY_FILES = [(b, path, text) for b in BLOCKS if b.kind == "files"
@@ -101,13 +120,14 @@ def _ids(items) -> list[str]:
 # ---------------------------------------------------------------------------- where
 
 def project_of(doc: Path, tmp: Path) -> Path:
-    """Where a doc's snippets run: an example's own directory; for README.md, a project
-    made of its `# my_project/...` file blocks (code and conf/ YAMLs) in `tmp`."""
-    if doc != ROOT / "README.md":
+    """Where a doc's snippets run: an example's own directory; for README.md and the site's
+    pages, a project made of their `# my_project/...` file blocks (code and conf/ YAMLs) in
+    `tmp`."""
+    if doc not in PROJECT_DOCS:
         return doc.parent
     project = tmp / "my_project"
     for block in BLOCKS:
-        if block.doc == doc and block.kind == "files":
+        if block.doc in PROJECT_DOCS and block.kind == "files":
             for path, text in block.files.items():
                 if path.startswith("my_project/"):
                     target = project / path.removeprefix("my_project/")
@@ -245,7 +265,7 @@ def _distinct(commands: list[Command]) -> list[Command]:
                                  "trainer.export=", "loop.verbose=", "dataset.data_dir=",
                                  "hydra.run.dir="), _defaults(), set(), []
     for command in commands:
-        key = (command.block.doc, command.config_dir, tuple(sorted(
+        key = (_project(command.block.doc), command.config_dir, tuple(sorted(
             o for o in command.overrides if o not in defaults and not o.startswith(ours))))
         if key not in seen:
             seen.add(key)
@@ -325,7 +345,8 @@ def test_python_block_runs(block: Block, tiny_data_dir, tmp_path, monkeypatch):
     code = FRAGMENT_PREAMBLE + block.text if block.is_fragment else block.text
     with user_code_sandbox(project, tmp_path):
         if "outputs/<date>/<time>" in code:
-            first = next(c for c in TRAINING if c.block.doc == block.doc)
+            first = next(c for c in TRAINING
+                         if _project(c.block.doc) == _project(block.doc))
             run = tmp_path / "outputs" / "date" / "time"
             done = real_train([*first.overrides, *few_steps(first.overrides, tiny_data_dir),
                                "trainer.export=true"], first.config_dir, run,

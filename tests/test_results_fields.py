@@ -1,28 +1,12 @@
-"""results.json's fields are defined once (distlab.launch.results.FIELDS): the README's table,
-the config's objectives, the sweep summary's columns and the evaluation's `trained` all come
-from, or are checked against, that list (no training)."""
+"""results.json's fields are defined once (distlab.launch.results.FIELDS): the config's
+objectives, the sweep summary's columns and the evaluation's `trained` all come from, or are
+checked against, that list (no training). The documentation's table is generated from it
+(tests/test_docs_site.py checks the page)."""
 
 from __future__ import annotations
 
-import re
-
-from conftest import ROOT
-
 from distlab.launch import results
 from distlab.reporting import summary
-
-
-def _readme_table() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### results.json fields", 1)[1].split("\n\n", 3)[2]
-    return dict(re.findall(r"^\| `([^`]+)` \| ([^|]+) \|", section, flags=re.M))
-
-
-def test_the_readme_documents_every_field_and_no_other():
-    table = _readme_table()
-    assert list(table) == [f.name for f in results.FIELDS]
-    for field in results.FIELDS:
-        assert table[field.name].strip() == results.WRITTEN_BY[field.when], field.name
 
 
 def test_objectives_trained_and_summary_columns_are_fields():

@@ -113,13 +113,14 @@ def test_a_loop_state_item_is_checkpointed_and_resumed(run_inprocess, monkeypatc
 
 
 def _readme_loop() -> type:
-    """The README's ClipPerReplica, registered as `clip_per_replica` (the caller's sandbox
-    undoes it), clipping at 2**60: never, and exactly (the scale is 2**60 / 2**60 = 1)."""
-    from readme_snippets import ROOT, blocks
+    """The docs' ClipPerReplica (the training guide), registered as `clip_per_replica` (the
+    caller's sandbox undoes it), clipping at 2**60: never, and exactly (the scale is
+    2**60 / 2**60 = 1)."""
+    from readme_snippets import block_with
 
     from distlab.registry import LOOPS
 
-    block = next(b for b in blocks(ROOT / "README.md") if "class ClipPerReplica" in b.text)
+    block = block_with("class ClipPerReplica")
     code = next(iter(block.files.values())) if block.kind == "files" else block.text
     LOOPS._items.pop("clip_per_replica", None)  # tests/user_loops.py's, if imported
     namespace: dict = {"__name__": "readme_loop"}

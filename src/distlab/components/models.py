@@ -51,7 +51,8 @@ def _one_input(cfg: DictConfig, input_shape: Any, input_spec: Any = None) -> tup
         raise ConfigError(
             f"model.name={cfg.name} takes one numeric input tensor; this dataset's inputs are "
             f"{what}: register a model builder of your own that declares input_spec (and "
-            "train_inputs, to adapt preprocessing layers); see the README, 'Inputs'")
+            "train_inputs, to adapt preprocessing layers); see the guide 'Inputs and "
+            "preprocessing' (docs/guides/inputs.md)")
     return tuple(input_shape)
 
 

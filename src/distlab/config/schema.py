@@ -130,16 +130,18 @@ class AugmentConfig:
 @dataclass
 class DatasetConfig:
     name: str = MISSING  # a tfds name, a registered dataset builder, or package.module:fn
-    train_split: str = "train"
-    test_split: str = "test"
+    train_split: str = "train"  # a tfds split or slice spec: train, 'train[:90%]', ...
+    test_split: str = "test"  # scored once at the end, never used to choose
     # the split that chooses (val_* figures, early stopping, checkpoints/best, targets, the
     # default objective): auto (the dataset's own validation split, else 0.1 of train_split),
     # a fraction of train_split held out (seeded; stratified for classes), a tfds split or
     # slice (validation, train[90%:]), or null (none)
     validation: str | None = checked("auto", VALIDATION)
+    # which rows a held-out fraction takes (apart from seed, so sweeping seed keeps them)
     validation_seed: int = checked(0, (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"))
+    # examples per replica per step; the global batch is this x the replicas of all workers
     batch_size_per_replica: int = checked(64, POSITIVE)
-    shuffle_buffer: int = checked(10000, NON_NEGATIVE)
+    shuffle_buffer: int = checked(10000, NON_NEGATIVE)  # examples; 0: no shuffling
     cache: bool = True  # keep the preprocessed splits in memory after the first pass
     disk_cache: bool = True  # decoded, preprocessed tfds splits on disk, shared across runs
     cache_dir: str | None = None  # null: $DISTLAB_CACHE_DIR, else ~/.cache/distlab
@@ -161,13 +163,14 @@ class ClassificationTaskConfig:
     # null: as the model outputs (a softmax/sigmoid last layer: probabilities, else logits)
     from_logits: bool | None = None
     top_k: int | None = checked(None, POSITIVE)  # e.g. 5: also report top5_accuracy
+    # metric names (the metric registry): history columns, val_<name>, test_<name> fields
     metrics: list[str] = checked(["accuracy"], METRIC_NAMES)
 
 
 @dataclass
 class RegressionTaskConfig:
     name: str = "regression"
-    metrics: list[str] = checked(["mae", "rmse"], METRIC_NAMES)
+    metrics: list[str] = checked(["mae", "rmse"], METRIC_NAMES)  # the loss: MSE
 
 
 @dataclass
@@ -187,7 +190,7 @@ class CnnModelConfig:
 
     name: str = MISSING  # registry name of the builder
     conv_filters: list[int] = checked([32], ENTRIES_POSITIVE)  # one Conv-ReLU-MaxPool each
-    kernel_size: int = checked(3, POSITIVE)
+    kernel_size: int = checked(3, POSITIVE)  # of every Conv2D (square)
     dense_units: list[int] = checked([64], ENTRIES_POSITIVE)  # one Dense-ReLU each
     # null: logits (or raw regression values); softmax: probabilities; sigmoid: task=binary's
     output_activation: str | None = checked(None, OUTPUT_ACTIVATION)
@@ -227,36 +230,37 @@ class KerasApplicationsModelConfig:
 @dataclass
 class OptimizerConfig:
     name: str = MISSING
-    learning_rate: float = checked(1e-3, LEARNING_RATE)
+    learning_rate: float = checked(1e-3, LEARNING_RATE)  # the base rate; see the schedule group
     # scale learning_rate by global batch / base_batch_size (linear), or its square root
     lr_scaling: str = checked("none", one_of("none", "linear", "sqrt"))
-    base_batch_size: int = checked(64, POSITIVE)
+    base_batch_size: int = checked(64, POSITIVE)  # the batch learning_rate is meant for
+    # clip each variable's gradient (summed over replicas) to this norm; null: no clipping
     clipnorm: float | None = checked(None, POSITIVE)
 
 
 @dataclass
 class AdamConfig(OptimizerConfig):
     name: str = "adam"
-    beta_1: float = 0.9
-    beta_2: float = 0.999
-    epsilon: float = checked(1e-7, POSITIVE)
-    amsgrad: bool = False
+    beta_1: float = 0.9  # decay of the first-moment (mean) estimate
+    beta_2: float = 0.999  # decay of the second-moment estimate
+    epsilon: float = checked(1e-7, POSITIVE)  # added to the denominator, for stability
+    amsgrad: bool = False  # the AMSGrad variant
 
 
 @dataclass
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
-    learning_rate: float = checked(0.01, LEARNING_RATE)
-    momentum: float = checked(0.0, FRACTION)
-    nesterov: bool = False
+    learning_rate: float = checked(0.01, LEARNING_RATE)  # the base rate
+    momentum: float = checked(0.0, FRACTION)  # 0: plain SGD
+    nesterov: bool = False  # Nesterov momentum
 
 
 @dataclass
 class RMSpropConfig(OptimizerConfig):
     name: str = "rmsprop"
-    rho: float = 0.9
-    momentum: float = checked(0.0, FRACTION)
-    epsilon: float = checked(1e-7, POSITIVE)
+    rho: float = 0.9  # decay of the moving average of squared gradients
+    momentum: float = checked(0.0, FRACTION)  # 0: none
+    epsilon: float = checked(1e-7, POSITIVE)  # added to the denominator, for stability
 
 
 @dataclass
@@ -294,9 +298,9 @@ class CosineScheduleConfig(ScheduleConfig):
 @dataclass
 class ExponentialScheduleConfig(ScheduleConfig):
     name: str = "exponential"
-    decay_rate: float = checked(0.9, POSITIVE)
-    decay_epochs: float = checked(1.0, POSITIVE)
-    staircase: bool = False
+    decay_rate: float = checked(0.9, POSITIVE)  # the factor per decay_epochs
+    decay_epochs: float = checked(1.0, POSITIVE)  # epochs per factor of decay_rate
+    staircase: bool = False  # decay in whole periods only
 
 
 @dataclass
@@ -349,9 +353,10 @@ class EarlyStoppingConfig:
     metric: str | None = checked(None, METRIC)  # a history.csv column, e.g. val_loss
     # epochs without an improvement of more than min_delta, then stop
     patience: int = checked(3, POSITIVE)
+    # the least change that counts as an improvement
     min_delta: float = checked(0.0, (lambda v: finite(v) and v >= 0,
                                      "must be a finite number >= 0"))
-    mode: str = checked("auto", MODE)
+    mode: str = checked("auto", MODE)  # max, min, or auto: a loss down, a metric its own way
 
 
 @dataclass
@@ -359,13 +364,13 @@ class BestCheckpointConfig:
     """checkpoints/best/: the best epoch by this metric."""
 
     metric: str | None = checked(None, METRIC)  # null: early_stopping.metric if set, else none
-    mode: str = checked("auto", MODE)
+    mode: str = checked("auto", MODE)  # max, min, or auto: a loss down, a metric its own way
     test: bool = False  # also score checkpoints/best on the test split (best_test_* fields)
 
 
 @dataclass
 class TrainerConfig:
-    epochs: int = checked(12, POSITIVE)
+    epochs: int = checked(12, POSITIVE)  # epochs to train (a rerun with more extends a run)
     steps_per_epoch: int | None = checked(None, POSITIVE)  # null: one pass over the train split
     # epochs between validation passes (val_* columns); 0: none during training
     validate_every: int = checked(1, NON_NEGATIVE)
@@ -373,7 +378,7 @@ class TrainerConfig:
     # choose: a tutorial's per-epoch test pass); 0: the test split is scored once, at the end
     test_every: int = checked(0, NON_NEGATIVE)
     checkpoint_every: int = checked(1, POSITIVE)  # epochs between checkpoints/ckpt-N
-    max_checkpoints: int = checked(3, POSITIVE)
+    max_checkpoints: int = checked(3, POSITIVE)  # the latest N checkpoints/ckpt-N kept
     export: bool = True  # SavedModel in saved_model/, reloaded and checked
     # micro-batches per optimizer update: effective batch = global batch x N
     grad_accum_steps: int = checked(1, POSITIVE)
@@ -408,6 +413,7 @@ class MlflowLoggerConfig(LoggerConfig):
     tracking_uri: str = checked("sqlite:///outputs/mlflow.db", (
         lambda v: bool(v.strip()), "must be an MLflow tracking URI, e.g. "
         "sqlite:///outputs/mlflow.db or http://host:5000"))
+    # the MLflow experiment the runs go to
     experiment_name: str = checked("distlab", (lambda v: bool(v.strip()),
                                                "must name an MLflow experiment"))
 
@@ -436,12 +442,14 @@ class Config:
     imports: list[str] = field(default_factory=list)
     # Keras callbacks, by a name of your choice: {_target_: package.Class, <its arguments>}
     # (hydra.utils.instantiate), or {name: <registered callback>, ...}; `_chief_only_: true`
-    # runs one on the chief only (multi-worker). See README "Callbacks"
+    # runs one on the chief only (multi-worker). See the Callbacks guide
     callbacks: dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    # seeds the model, the data order of each epoch (with the epoch) and augmentation
     seed: int = checked(42, (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"))
     deterministic: bool = False  # true: seed everything and turn on TF op determinism
     precision: str = checked("float32", one_of(*PRECISIONS))  # the Keras dtype policy
+    # train, or evaluate ckpt_path's checkpoint on the splits it was trained with
     mode: str = checked("train", (lambda v: v in ("train", "evaluate"),
                                   "must be train or evaluate"))
     ckpt_path: str | None = None  # mode=evaluate: a run directory or checkpoint prefix

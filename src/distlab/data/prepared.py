@@ -86,5 +86,5 @@ def check_tfds(cfg: DictConfig, builtin_model: bool) -> None:
         raise ConfigError(
             f"model.name={cfg.model.name} takes one numeric input tensor, and "
             f"dataset.features.input={inputs} gives a dict of inputs: register a model "
-            "builder of your own that declares input_spec (see the README, 'Inputs'), or name "
-            "one feature")
+            "builder of your own that declares input_spec (see the guide 'Inputs and "
+            "preprocessing', docs/guides/inputs.md), or name one feature")

@@ -115,11 +115,16 @@ def test_the_readmes_links_resolve():
 
 def test_the_readme_shows_the_setup_commands_ci_runs():
     """.ci/run runs the lines marked `# README: <what>` as README.md's set-up shows them (pip
-    made quiet, `-q`), and the site's getting-started page shows the same."""
+    made quiet, `-q`; the test command as its fast tier, then its slow tier), and the site's
+    getting-started page shows the same."""
     from readme_snippets import blocks
 
     marked = re.findall(r"^(.+?)\s+# README: \w+", (ROOT / ".ci" / "run").read_text(), re.M)
-    shown = [line.replace("pip install -q ", "pip install ") for line in marked]
+    tiers = [line for line in marked if line.endswith((' -m "not slow"', " -m slow"))]
+    assert len(tiers) == 2 and tiers[0] != tiers[1], marked  # the test command, tier by tier
+    shown = list(dict.fromkeys(
+        line.replace("pip install -q ", "pip install ").removesuffix(' -m "not slow"')
+        .removesuffix(" -m slow") for line in marked))
     assert len(shown) == 2
     for doc in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
         assert any(b.text.splitlines() == shown for b in blocks(doc)), doc

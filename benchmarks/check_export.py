@@ -24,12 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 def raw_test(cfg) -> tuple[np.ndarray, np.ndarray]:
     from distlab import plugins
-    from distlab.data import pipeline as data
+    from distlab.data.builder_source import builder_splits, is_user_dataset
+    from distlab.data.tfds_source import tfds_splits
 
     plugins.import_modules(list(cfg.get("imports") or []))
-    splits = data._user_splits(cfg.dataset) if data.is_user_dataset(cfg.dataset.name) \
-        else data._tfds_splits(cfg.dataset)
-    test = splits[1].batch(100_000)
+    splits = builder_splits(cfg.dataset) if is_user_dataset(cfg.dataset.name) \
+        else tfds_splits(cfg.dataset)
+    test = splits.test.batch(100_000)
     inputs, labels = next(iter(test))
     return inputs.numpy(), labels.numpy()
 

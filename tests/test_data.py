@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 from conftest import TINY_TEST, TINY_TRAIN, compose
 
 from distlab.data import pipeline as data_lib
+from distlab.data import tfds_source
 from distlab.errors import DistlabError
 
 
@@ -17,7 +18,7 @@ def _cfg(data_dir, *extra):
 
 
 def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
-    monkeypatch.setattr(data_lib, "_unreachable_host", lambda builder: None)
+    monkeypatch.setattr(tfds_source, "_unreachable_host", lambda builder: None)
     with tfds.testing.mock_data(num_examples=300):
         d = data_lib.load(compose(["dataset.validation=null"]).dataset, num_replicas=2, seed=1,
                           steps_per_epoch=None)

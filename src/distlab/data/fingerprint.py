@@ -37,7 +37,7 @@ NOT_ROWS = ("batch_size_per_replica", "shuffle_buffer", "cache", "disk_cache", "
 
 def of_splits(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
     """{"train", "validation", "test": fingerprint (None: no validation split)} of a
-    dataset's raw splits (`pipeline.RawSplits`); `cfg`: the dataset node."""
+    dataset's raw splits (`source.RawSplits`); `cfg`: the dataset node."""
     if splits.source is not None:  # tfds: the rows' identities
         return _tfds(cfg, splits)
     train = _row_hashes(splits.train)
@@ -73,7 +73,7 @@ def _digest(hashes: np.ndarray) -> str:
 def _tfds(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
     import tensorflow_datasets as tfds
 
-    from distlab.data.pipeline import resolve_data_dir
+    from distlab.data.tfds_source import resolve_data_dir
 
     info = tfds.builder(str(cfg.name), data_dir=resolve_data_dir(cfg.data_dir)).info
     base = {"tfds": str(cfg.name), "version": str(info.version)}

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from distlab.data.pipeline import distribute
+from distlab.data.stream import distribute
 from distlab.errors import DistlabError
 from distlab.training.checkpoints import stats_size, sums_size
 from distlab.training.experiment import Experiment

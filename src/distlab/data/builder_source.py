@@ -23,18 +23,24 @@ from distlab.data.holdout import (
     validation_choice,
 )
 from distlab.data.prepared import split_names
-from distlab.data.source import RawSplits
+from distlab.data.source import DataSource, RawSplits
 from distlab.data.structure import count_rows, dense_inputs, input_name
 from distlab.errors import DistlabError, described, override
 
 log = logging.getLogger(__name__)
 
 
-def is_user_dataset(name: str) -> bool:
-    """A registered dataset builder or an import path; anything else is a tfds name."""
-    from distlab.registry import is_tfds_name
+class BuilderSource(DataSource):
+    """A dataset builder of the user's: a `dataset.name` registered in the datasets registry
+    (`distlab.register`), or an import path (`my_project.data:penguins`)."""
 
-    return not is_tfds_name(name)
+    def claims(self, name: str) -> bool:
+        from distlab.registry import is_tfds_name
+
+        return not is_tfds_name(name)
+
+    def splits(self, cfg: DictConfig) -> RawSplits:
+        return builder_splits(cfg)
 
 
 def builder_splits(cfg: DictConfig) -> RawSplits:

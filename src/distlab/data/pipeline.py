@@ -14,26 +14,37 @@ train stream, augmented on the train split only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import cache as data_cache
 from distlab.data import finite
-from distlab.data.builder_source import builder_splits, is_user_dataset
+from distlab.data.builder_source import BuilderSource
 from distlab.data.holdout import hold_out
+from distlab.data.source import DataSource
 from distlab.data.stream import AUTOTUNE, Data, prefetched
 from distlab.data.structure import input_names, input_shapes, named_specs
-from distlab.data.tfds_source import tfds_splits
+from distlab.data.tfds_source import TfdsSource
 from distlab.data.transforms import make_augment, make_preprocess, standardized_inputs
+
+# where a dataset.name is read from: the first source that claims it (tfds claims any name
+# the others do not)
+SOURCES: tuple[DataSource, ...] = (BuilderSource(), TfdsSource())
+
+
+def source_for(name: str) -> DataSource:
+    """The source that reads `dataset.name`."""
+    return next(source for source in SOURCES if source.claims(name))
 
 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
-    user = is_user_dataset(cfg.name)
-    splits = builder_splits(cfg) if user else tfds_splits(cfg)
+    origin = source_for(cfg.name)
+    splits = dataclasses.replace(origin.splits(cfg), origin=origin)
     raw_train, raw_test = splits.train, splits.test
-    source = dict(splits.source) if splits.source is not None else None
+    cache_key = dict(splits.cache_key) if splits.cache_key is not None else None
     raw_input = raw_train.element_spec[0]
     preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
@@ -43,10 +54,10 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         named[splits.validation_from] = splits.validation
     ready = {split: ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
              for split, ds in named.items()}
-    if cfg.disk_cache and source is not None:  # tfds only: a user's data has no version
+    if cfg.disk_cache and cache_key is not None:  # tfds only: a user's data has no version
         disk = data_cache.DiskCache(data_cache.cache_root(cfg.cache_dir))  # one per run
-        files = data_cache.files_signature(source.pop("data_dir"))  # only when caching
-        inputs = {**source, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
+        files = data_cache.files_signature(cache_key.pop("data_dir"))  # only when caching
+        inputs = {**cache_key, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
         ready = {split: disk.cached(ds, data_cache.entry_name(
             f"{cfg.name}-{split}", {**inputs, "split": split, "spec": str(ds.element_spec)}))
             for split, ds in ready.items()}

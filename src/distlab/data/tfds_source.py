@@ -5,6 +5,8 @@ keys), its splits by tfds split specs."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -26,7 +28,7 @@ from distlab.data.holdout import (
     held_out_rows,
     validation_choice,
 )
-from distlab.data.source import RawSplits
+from distlab.data.source import DataSource, RawSplits
 from distlab.data.structure import AUTOTUNE, count_rows, dense_inputs
 from distlab.errors import DistlabError, first_line
 
@@ -142,9 +144,9 @@ def tfds_splits(cfg: DictConfig) -> RawSplits:
     label = info.features[y]
     classes = isinstance(label, tfds.features.ClassLabel)
     outputs = int(label.num_classes) if classes else max(1, math.prod(label.shape or ()))
-    source = {"dataset": cfg.name, "version": str(info.version), "features": [x, y],
-              "data_dir": builder.data_dir}
-    raw = RawSplits(train, test, sizes[0], sizes[1], outputs, classes, source)
+    cache_key = {"dataset": cfg.name, "version": str(info.version), "features": [x, y],
+                 "data_dir": builder.data_dir}
+    raw = RawSplits(train, test, sizes[0], sizes[1], outputs, classes, cache_key)
     if isinstance(choice, str):
         return dataclasses.replace(raw, validation=validation[0], num_validation=sizes[2],
                                    validation_from=choice)
@@ -185,3 +187,51 @@ def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tupl
 def _select(example: dict, x: str | list[str]) -> Any:
     """The model input of a tfds example: one feature, or a dict of several by name."""
     return {k: example[k] for k in x} if isinstance(x, list) else example[x]
+
+
+def row_identities(cfg: DictConfig, splits: RawSplits) -> dict[str, str | None]:
+    """The fingerprints of a tfds dataset's splits (`fingerprint.of_splits`): its name,
+    version and the absolute row ranges its split specs read, and the mask of a held-out
+    validation fraction. Nothing is read for it."""
+    info = tfds.builder(str(cfg.name), data_dir=resolve_data_dir(cfg.data_dir)).info
+    base = {"tfds": str(cfg.name), "version": str(info.version)}
+
+    def rows(spec: str) -> list[tuple[str, int, int]]:
+        try:
+            absolute = tfds.core.ReadInstruction.from_spec(spec).to_absolute(info.splits)
+        except (ValueError, KeyError, AttributeError, TypeError):
+            return [(spec, -1, -1)]  # a spec only tfds reads: the spec stands for its rows
+        return [(a.splitname, a.from_ or 0,
+                 info.splits[a.splitname].num_examples if a.to is None else a.to)
+                for a in absolute]
+
+    def digest(**payload: Any) -> str:
+        text = json.dumps({**base, **payload}, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    train = rows(str(cfg.train_split))
+    prints = {"train": digest(rows=train), "test": digest(rows=rows(str(cfg.test_split))),
+              "validation": None}
+    if splits.held_out is not None:
+        mask = hashlib.sha256(np.packbits(splits.held_out).tobytes()).hexdigest()[:24]
+        prints["train"] = digest(rows=train, held_out=mask, keep="rest")
+        prints["validation"] = digest(rows=train, held_out=mask, keep="held out")
+    elif splits.validation is not None:
+        prints["validation"] = digest(rows=rows(str(splits.validation_from)))
+    return prints
+
+
+class TfdsSource(DataSource):
+    """A tensorflow-datasets dataset: any `dataset.name` that is neither a registered dataset
+    builder nor an import path (`mnist`, `fashion_mnist:3.0.1`)."""
+
+    def claims(self, name: str) -> bool:
+        from distlab.registry import is_tfds_name
+
+        return is_tfds_name(name)
+
+    def splits(self, cfg: DictConfig) -> RawSplits:
+        return tfds_splits(cfg)
+
+    def fingerprints(self, cfg: DictConfig, splits: RawSplits) -> dict[str, str | None]:
+        return row_identities(cfg, splits)

@@ -64,7 +64,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
     data = pipeline.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
                          cfg.trainer.steps_per_epoch)
     if cfg.mode == "train" and worker.is_chief:  # what an evaluation of it must score on
-        fingerprint.record(run_dir.path, fingerprint.of_splits(cfg.dataset, data.splits))
+        fingerprint.record(run_dir.splits_json, fingerprint.of_splits(cfg.dataset, data.splits))
     tasks.check_labels(task, cfg.task.name, data.name, data.classes, data.outputs,
                        sample=lambda: some_labels(data))
     check_objective(cfg.objective, cfg.task.name, task.metric_names,  # a user task's: now

@@ -177,7 +177,7 @@ class Loop:
 
     # ---- distributed pieces shared by the loops
     def distribute(self, dataset: tf.data.Dataset):
-        """Per replica (features, labels, weights); see `distlab.data.pipeline.distribute`."""
+        """Per replica (features, labels, weights); see `distlab.data.stream.distribute`."""
         return distribute(self.exp.strategy, dataset)
 
     def batch_stats(self, labels, predictions, per_example_loss, weights) -> tf.Tensor:

@@ -24,12 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 def raw_test(cfg) -> tuple[np.ndarray, np.ndarray]:
     from distlab import plugins
-    from distlab.data import pipeline as data
+    from distlab.data.pipeline import source_for
 
     plugins.import_modules(list(cfg.get("imports") or []))
-    splits = data._user_splits(cfg.dataset) if data.is_user_dataset(cfg.dataset.name) \
-        else data._tfds_splits(cfg.dataset)
-    test = splits[1].batch(100_000)
+    test = source_for(cfg.dataset.name).splits(cfg.dataset).test.batch(100_000)
     inputs, labels = next(iter(test))
     return inputs.numpy(), labels.numpy()
 

@@ -73,7 +73,7 @@ def test_stateful_metrics_are_exact_over_replicas_and_padding(replicas):
     import tensorflow as tf
     from sklearn.metrics import precision_score, recall_score, roc_auc_score
 
-    from distlab.data.pipeline import distribute
+    from distlab.data.stream import distribute
     from distlab.training.metrics import StatefulMetrics
 
     task = _binary_task("accuracy", "auc", "precision", "recall", "f1")

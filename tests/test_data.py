@@ -9,6 +9,9 @@ import tensorflow_datasets as tfds
 from conftest import TINY_TEST, TINY_TRAIN, compose
 
 from distlab.data import pipeline as data_lib
+from distlab.data import tfds_source
+from distlab.data.source import DataSource, RawSplits
+from distlab.data.structure import dense_inputs
 from distlab.errors import DistlabError
 
 
@@ -17,7 +20,7 @@ def _cfg(data_dir, *extra):
 
 
 def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
-    monkeypatch.setattr(data_lib, "_unreachable_host", lambda builder: None)
+    monkeypatch.setattr(tfds_source, "_unreachable_host", lambda builder: None)
     with tfds.testing.mock_data(num_examples=300):
         d = data_lib.load(compose(["dataset.validation=null"]).dataset, num_replicas=2, seed=1,
                           steps_per_epoch=None)
@@ -126,3 +129,42 @@ def test_every_seed_orders_and_augments_its_epochs_by_seed_and_epoch_only(tiny_d
         lambda e: labels.shuffle(d.shuffle_buffer, seed=5 * 1_000_003 + e))
     np.testing.assert_array_equal(np.fromiter(before.as_numpy_iterator(), np.int64),
                                   np.concatenate([b[1].numpy() for b in d.train_epochs(0, 2)]))
+
+
+class _Columns(DataSource):
+    """A source of in-memory columns, as a CSV or pandas source would give them: the whole
+    of what a new source writes."""
+
+    def claims(self, name: str) -> bool:
+        return name.startswith("columns:")
+
+    def splits(self, cfg) -> RawSplits:
+        x = np.arange(28, dtype=np.float32).reshape(14, 2)
+        y = np.arange(14) % 2
+        rows = dense_inputs(tf.data.Dataset.from_tensor_slices((x, y)))
+        return RawSplits(train=rows.take(10), test=rows.skip(10), num_train=10, num_test=4,
+                         outputs=2, classes=True, cache_key=None)
+
+
+def test_a_new_source_is_one_class_listed_in_the_pipeline_s_sources(monkeypatch):
+    """A source that claims its names loads as tfds and builder sources do: preprocessing,
+    batching and the train stream come from the pipeline, and its rows are fingerprinted
+    by content (it knows no identities); other names still reach their own sources."""
+    from distlab.data import fingerprint
+
+    monkeypatch.setattr(data_lib, "SOURCES", (_Columns(), *data_lib.SOURCES))
+    assert type(data_lib.source_for("columns:toy")) is _Columns
+    assert type(data_lib.source_for("mnist")) is tfds_source.TfdsSource
+    cfg = compose(["dataset.name=columns:toy", "dataset.validation=null",
+                   "dataset.preprocess.rescale=null", "dataset.shuffle_buffer=0",
+                   "dataset.batch_size_per_replica=4", "dataset.disk_cache=true"]).dataset
+    d = data_lib.load(cfg, num_replicas=1, seed=0, steps_per_epoch=None)
+    assert (d.num_train, d.num_test, d.outputs, d.classes) == (10, 4, 2, True)
+    assert d.input_shape == (2,) and d.steps_per_epoch == 3
+    batches = list(d.train_epochs(0, 1))
+    assert [int(b[0].shape[0]) for b in batches] == [4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), np.arange(10) % 2)
+    assert type(d.splits.origin) is _Columns
+    prints = fingerprint.of_splits(cfg, d.splits)
+    assert prints["train"].startswith("10-") and prints["test"].startswith("4-")
+    assert prints["validation"] is None

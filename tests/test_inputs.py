@@ -19,7 +19,8 @@ import tensorflow as tf
 import user_inputs
 from conftest import ROOT, Gated, compose, fast_overrides, refusal_in_process, run_cli, stop_at
 
-from distlab.data import pipeline
+from distlab.data import pipeline, structure, transforms
+from distlab.data.stream import Data, replica_rows
 from distlab.errors import DistlabError
 
 USER = ("imports=[user_inputs]", "dataset.preprocess.rescale=null")
@@ -34,7 +35,7 @@ TEXT = (*USER, "dataset.name=text_data", "model.name=text_net", "strategy.cpu_de
         "deterministic=true", "trainer.export=true")
 
 
-def _load(*overrides: str, replicas: int = 2) -> pipeline.Data:
+def _load(*overrides: str, replicas: int = 2) -> Data:
     """The data, unshuffled and (unless overridden) without a validation split held out, so
     that the train stream is the builder's rows in order."""
     cfg = compose(["dataset.shuffle_buffer=0", "dataset.validation=null", *overrides]).dataset
@@ -68,7 +69,7 @@ def test_user_structures_load_pad_per_batch_and_split_over_replicas():
     # a short batch of 3 rows over 2 replicas, and of 1 row (a padding row of weight 0)
     for rows, sizes, weights in ((3, [2, 1], [4 / 3, 2 / 3]), (1, [1, 1], [2.0, 0.0])):
         batch = tf.nest.map_structure(lambda t, n=rows: t[:n], (features, labels))
-        parts = [pipeline.replica_rows(batch, tf.constant(k, tf.int64), 2) for k in (0, 1)]
+        parts = [replica_rows(batch, tf.constant(k, tf.int64), 2) for k in (0, 1)]
         assert [int(p[2].shape[0]) for p in parts] == sizes
         assert [float(p[2][0]) for p in parts] == pytest.approx(weights)
         assert all(p[0]["ids"].shape[1] == longest for p in parts)  # the batch's padding
@@ -80,7 +81,7 @@ def test_user_structures_load_pad_per_batch_and_split_over_replicas():
     stream = _load(*USER, "dataset.name=mixed_stream")  # a tf.data.Dataset of (dict, label)
     assert sorted(stream.input_spec) == ["color", "num"]
     pair = _load(*USER, "dataset.name=tuple_data")  # a tuple of inputs: named by position
-    assert pipeline.input_names(pair.input_spec) == ["input_0", "input_1"]
+    assert structure.input_names(pair.input_spec) == ["input_0", "input_1"]
     assert [s.dtype for s in pair.input_spec] == [tf.float32, tf.float32]  # float64 -> 32
 
 
@@ -90,15 +91,15 @@ def test_input_names_are_those_the_saved_models_signatures_take(caplog, monkeypa
     would share one name; the old names still work in dataset.preprocess.inputs (once
     warned)."""
     t = tf.TensorSpec([2], tf.float32)
-    assert pipeline.input_names(t) == ["inputs"]
-    assert pipeline.input_names((t, t)) == ["input_0", "input_1"]
-    assert pipeline.input_names({"a": {"b": t}, "c": (t, (t,))}) == ["a_b", "c_0", "c_1_0"]
-    assert pipeline.input_names({"bill length (mm)": t, "1st": t, "Über": t}) == [
+    assert structure.input_names(t) == ["inputs"]
+    assert structure.input_names((t, t)) == ["input_0", "input_1"]
+    assert structure.input_names({"a": {"b": t}, "c": (t, (t,))}) == ["a_b", "c_0", "c_1_0"]
+    assert structure.input_names({"bill length (mm)": t, "1st": t, "Über": t}) == [
         "input_1st", "bill_length__mm_", "input__ber"]
     with pytest.raises(DistlabError, match="the inputs 'a/b' and 'a_b' would both be named "
                        "'a_b'.*rename one of the dict keys"):
-        pipeline.input_names({"a": {"b": t}, "a_b": t})
-    monkeypatch.setattr(pipeline, "_WARNED_RENAMED", set())  # this test's own "once"
+        structure.input_names({"a": {"b": t}, "a_b": t})
+    monkeypatch.setattr(transforms, "_WARNED_RENAMED", set())  # this test's own "once"
     for _ in range(2):
         data = _load(*USER, "dataset.name=tuple_data", "dataset.preprocess.rescale=2",
                      "dataset.preprocess.inputs=['1']")
@@ -275,7 +276,7 @@ def test_the_readmes_tabular_snippet_builds_on_the_data_it_describes(readme_tabu
     from distlab.components import models
 
     data = _load(*readme_tabular, replicas=1)
-    assert pipeline.describe_inputs(data.raw_input) == "age: float32 (1,), city: string ()"
+    assert structure.describe_inputs(data.raw_input) == "age: float32 (1,), city: string ()"
     guide = (ROOT / "docs" / "guides" / "inputs.md").read_text()
     assert "age: float32 (1,), city: string ()" in guide
     model = models.build_for(compose(list(readme_tabular)).model, data)

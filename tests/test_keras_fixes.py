@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
 
-from distlab.data.pipeline import distribute
+from distlab.data.stream import distribute
 from distlab.keras_patches import fixes as keras_fixes
 
 REPRO = Path(__file__).parent / "repro"
@@ -31,7 +31,7 @@ def test_this_keras_is_the_one_the_corrections_were_checked_against():
 
 
 def _fit_on_a_short_first_batch(strategy) -> None:
-    """3 rows over 2 replicas: slices of 2 and 1 rows, as distlab.data.pipeline.distribute makes."""
+    """3 rows over 2 replicas: slices of 2 and 1 rows, as distlab.data.stream.distribute makes."""
     x = np.random.default_rng(0).random((3, 4)).astype("float32")
     y = np.array([0, 1, 0])
     dataset = distribute(strategy, tf.data.Dataset.from_tensor_slices((x, y)).batch(3))

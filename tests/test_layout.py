@@ -83,3 +83,45 @@ print(json.dumps([loaded, changed + [k for k in before if before[k] != after[k]]
     loaded, changed = json.loads(_python(code))
     assert loaded == []
     assert changed == []
+
+
+# the layers above the data (and the plug-in loader, which imports data.prepared)
+ABOVE_DATA = ("distlab.training", "distlab.launch", "distlab.reporting", "distlab.cli",
+              "distlab.components", "distlab.distribute", "distlab.tracking",
+              "distlab.keras_patches", "distlab.plugins", "distlab.api")
+
+
+def _distlab_imports(path) -> set[str]:
+    """The distlab modules a file imports, at its top or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("distlab")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("distlab"):
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names
+                      if (SRC.parent / f"{node.module}.{a.name}".replace(".", "/")
+                          ).with_suffix(".py").is_file()}
+    return found
+
+
+def test_the_data_modules_hold_one_thing_each_import_no_layer_above_and_no_circle():
+    """Each module of data/ under ~400 lines; none imports training, launch, reporting or
+    another layer above the data; and the data modules' imports of each other form no
+    circle (finite <-> pipeline was one)."""
+    modules = {f"distlab.data.{p.stem}": p for p in (SRC / "data").glob("*.py")}
+    graph = {name: {m for m in _distlab_imports(path) if m in modules and m != name}
+             for name, path in modules.items()}
+    for name, path in modules.items():
+        assert len(path.read_text().splitlines()) <= 400, f"{name}: split it"
+        upward = sorted(m for m in _distlab_imports(path) if m.startswith(ABOVE_DATA))
+        assert not upward, f"{name} imports {upward}"
+
+    def circle(name: str, trail: tuple[str, ...]) -> tuple[str, ...] | None:
+        if name in trail:
+            return (*trail[trail.index(name):], name)
+        return next((c for m in sorted(graph[name]) if (c := circle(m, (*trail, name)))),
+                    None)
+
+    circles = [c for name in sorted(graph) if (c := circle(name, ()))]
+    assert not circles, " -> ".join(circles[0])

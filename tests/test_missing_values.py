@@ -12,12 +12,12 @@ import tensorflow as tf
 from conftest import compose
 
 from distlab import DataSplits
-from distlab.data import pipeline
+from distlab.data import pipeline, stream
 from distlab.errors import DistlabError
 from distlab.registry import DATASETS
 
 
-def _load(builder, *overrides: str) -> pipeline.Data:
+def _load(builder, *overrides: str) -> stream.Data:
     DATASETS._items["with_gaps"] = builder
     try:
         cfg = compose(["dataset.name=with_gaps", "dataset.preprocess.rescale=null",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from distlab.data.pipeline import replica_rows
+from distlab.data.stream import replica_rows
 
 # a small MLP with a softmax output (fashion_cnn's probabilities path): the replica split is
 # the point, not the model

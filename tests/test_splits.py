@@ -20,7 +20,7 @@ import tensorflow as tf
 from conftest import TINY_TRAIN, compose
 
 from distlab.config.checks import validate
-from distlab.data import pipeline
+from distlab.data import holdout, pipeline, stream
 from distlab.errors import ConfigError, DistlabError
 
 
@@ -53,12 +53,12 @@ def test_held_out_fraction_is_disjoint_seeded_and_stratified(tiny_data_dir):
 
 def test_held_out_rows_rules():
     labels = np.array([0] * 10 + [1] * 30)
-    mask = pipeline.held_out_rows(labels, 40, 0.2, seed=0)
+    mask = holdout.held_out_rows(labels, 40, 0.2, seed=0)
     assert (mask[:10].sum(), mask[10:].sum()) == (2, 6)
-    np.testing.assert_array_equal(mask, pipeline.held_out_rows(labels, 40, 0.2, seed=0))
-    assert pipeline.held_out_rows(None, 40, 0.5, seed=0).sum() == 20
+    np.testing.assert_array_equal(mask, holdout.held_out_rows(labels, 40, 0.2, seed=0))
+    assert holdout.held_out_rows(None, 40, 0.5, seed=0).sum() == 20
     with pytest.raises(DistlabError, match="dataset.validation=0.01 holds out 0 of"):
-        pipeline.held_out_rows(None, 40, 0.01, seed=0)
+        holdout.held_out_rows(None, 40, 0.01, seed=0)
 
 
 def test_a_tfds_slice_is_the_validation_split_and_must_not_overlap(tiny_data_dir):
@@ -117,7 +117,7 @@ def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
     def ids(ds: tf.data.Dataset) -> list[int]:
         return [int(x[0]) for x, _ in ds.as_numpy_iterator()]
 
-    def load(*overrides: str) -> pipeline.Data:
+    def load(*overrides: str) -> stream.Data:
         return _load(tiny_data_dir, *user, "dataset.validation=null", *overrides)
 
     whole = load()

@@ -29,7 +29,7 @@ from distlab.errors import ConfigError
 from distlab.registry import MODELS, call  # lists the builders below by import path
 
 if TYPE_CHECKING:
-    from distlab.data.pipeline import Data
+    from distlab.data.stream import Data
 
 
 def _l2(cfg: DictConfig) -> keras.regularizers.Regularizer | None:
@@ -45,7 +45,7 @@ def _one_input(cfg: DictConfig, input_shape: Any, input_spec: Any = None) -> tup
     string = input_spec is not None and any(s.dtype == tf.string
                                             for s in tf.nest.flatten(input_spec))
     if several or string:
-        from distlab.data.pipeline import describe_inputs
+        from distlab.data.structure import describe_inputs
 
         what = describe_inputs(input_spec) if input_spec is not None else str(input_shape)
         raise ConfigError(
@@ -234,7 +234,7 @@ def standardization(data: Data) -> dict[str, keras.layers.Normalization]:
     """{input name: a Normalization layer adapted on that input over the training split}
     for the inputs `dataset.preprocess.standardize` names: per feature (the last axis; a
     scalar input: one mean and variance). Same data, same order: the same statistics."""
-    from distlab.data.pipeline import input_names
+    from distlab.data.structure import input_names
 
     layers: dict[str, keras.layers.Normalization] = {}
     names = input_names(data.input_spec)
@@ -260,7 +260,7 @@ def map_inputs(ds: tf.data.Dataset, input_spec: Any, fn: Callable[[Any], Any]) -
 
 def standardize(inputs: Any, layers: dict[str, keras.layers.Layer], input_spec: Any) -> Any:
     """`inputs` with each input that has a layer in `layers` passed through it."""
-    from distlab.data.pipeline import input_names
+    from distlab.data.structure import input_names
 
     flat = [layers[name](x) if name in layers else x for name, x in
             zip(input_names(input_spec), tf.nest.flatten(inputs), strict=True)]

@@ -6,10 +6,11 @@ A split's fingerprint is computed once, as the data loads, and does not depend o
 order nor on preprocessing:
 - a tfds dataset: the rows' identities, its name, version and the absolute row ranges its
   split specs read (`train[:90%]` -> train rows 0..54000), and for a validation fraction
-  held out of train, the mask of held-out rows. Nothing is read for it.
-- a user's dataset builder: the rows' content, a 64-bit fingerprint of each (input, label)
-  pair (every tensor serialised, dtype and shape included), sorted and hashed. That is one
-  pass over the builder's raw splits.
+  held out of train, the mask of held-out rows (`tfds_source.row_identities`, the source's
+  `fingerprints`). Nothing is read for it.
+- a user's dataset builder (any source without `fingerprints`): the rows' content, a
+  64-bit fingerprint of each (input, label) pair (every tensor serialised, dtype and shape
+  included), sorted and hashed. That is one pass over the builder's raw splits.
 
 `<run dir>/.distlab/splits.json` holds a training run's fingerprints.
 """
@@ -37,9 +38,10 @@ NOT_ROWS = ("batch_size_per_replica", "shuffle_buffer", "cache", "disk_cache", "
 
 def of_splits(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
     """{"train", "validation", "test": fingerprint (None: no validation split)} of a
-    dataset's raw splits (`pipeline.RawSplits`); `cfg`: the dataset node."""
-    if splits.source is not None:  # tfds: the rows' identities
-        return _tfds(cfg, splits)
+    dataset's raw splits (`source.RawSplits`); `cfg`: the dataset node."""
+    known = splits.origin.fingerprints(cfg, splits) if splits.origin is not None else None
+    if known is not None:  # the rows' identities (tfds)
+        return known
     train = _row_hashes(splits.train)
     prints = {"train": _digest(train), "test": _digest(_row_hashes(splits.test)),
               "validation": None}
@@ -70,60 +72,22 @@ def _digest(hashes: np.ndarray) -> str:
     return f"{len(hashes)}-{hashlib.sha256(payload).hexdigest()[:24]}"
 
 
-def _tfds(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
-    import tensorflow_datasets as tfds
-
-    from distlab.data.pipeline import resolve_data_dir
-
-    info = tfds.builder(str(cfg.name), data_dir=resolve_data_dir(cfg.data_dir)).info
-    base = {"tfds": str(cfg.name), "version": str(info.version)}
-
-    def rows(spec: str) -> list[tuple[str, int, int]]:
-        try:
-            absolute = tfds.core.ReadInstruction.from_spec(spec).to_absolute(info.splits)
-        except (ValueError, KeyError, AttributeError, TypeError):
-            return [(spec, -1, -1)]  # a spec only tfds reads: the spec stands for its rows
-        return [(a.splitname, a.from_ or 0,
-                 info.splits[a.splitname].num_examples if a.to is None else a.to)
-                for a in absolute]
-
-    def digest(**payload: Any) -> str:
-        text = json.dumps({**base, **payload}, sort_keys=True, default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-    train = rows(str(cfg.train_split))
-    prints = {"train": digest(rows=train), "test": digest(rows=rows(str(cfg.test_split))),
-              "validation": None}
-    if splits.held_out is not None:
-        mask = hashlib.sha256(np.packbits(splits.held_out).tobytes()).hexdigest()[:24]
-        prints["train"] = digest(rows=train, held_out=mask, keep="rest")
-        prints["validation"] = digest(rows=train, held_out=mask, keep="held out")
-    elif splits.validation is not None:
-        prints["validation"] = digest(rows=rows(str(splits.validation_from)))
-    return prints
-
-
 # ---- the record, and the check at evaluation (no TensorFlow needed from here on)
 
-def splits_json(run_dir: Path) -> Path:
-    from distlab.launch.run_dir import RunDir
-
-    return RunDir(run_dir).splits_json
-
-
-def record(run_dir: Path, prints: dict[str, str | None]) -> None:
-    """Keep a training run's fingerprints in its run dir (each start: what it trains on)."""
-    path = splits_json(run_dir)
+def record(path: Path, prints: dict[str, str | None]) -> None:
+    """Keep a training run's fingerprints in `path` (its run dir's `.distlab/splits.json`;
+    each start: what it trains on)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(prints, indent=2) + "\n")
     tmp.replace(path)
 
 
-def recorded(run_dir: Path) -> dict[str, str | None] | None:
-    """The fingerprints a training run recorded (None: none, a run from before them)."""
+def recorded(path: Path) -> dict[str, str | None] | None:
+    """The fingerprints a training run recorded in `path` (None: none, a run from before
+    them)."""
     try:
-        prints = json.loads(splits_json(run_dir).read_text())
+        prints = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return prints if isinstance(prints, dict) and set(ROLES) <= set(prints) else None

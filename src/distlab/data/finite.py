@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from distlab.data.structure import batched
 from distlab.errors import DistlabError
 
 CHECK_BATCH = 8192  # rows per batch of the check's one pass over a split
@@ -63,8 +64,6 @@ def check_splits(splits: dict[str, tf.data.Dataset | None], names: list[str], ra
 def _non_finite_rows(ds: tf.data.Dataset, picks: list[int]) -> tuple[list[int], int]:
     """(rows with a NaN or Inf in each picked component of the flattened (input, label), the
     number of rows), in one pass (which also fills a `cache()` upstream)."""
-    from distlab.data.pipeline import batched
-
     columns = ds.map(lambda x, y: tuple(tf.nest.flatten((x, y))[i] for i in picks))
 
     def add(counts: tf.Tensor, batch: tuple[tf.Tensor, ...]) -> tf.Tensor:

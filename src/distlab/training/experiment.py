@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from distlab.components import models, optimizers, schedules, tasks
 from distlab.components.tasks import Task
 from distlab.data import fingerprint, pipeline
-from distlab.data.pipeline import Data
+from distlab.data.stream import Data, is_default
 from distlab.distribute.cluster import Worker
 from distlab.launch.results import check_objective
 from distlab.launch.run_dir import RunDir
@@ -64,7 +64,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
     data = pipeline.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
                          cfg.trainer.steps_per_epoch)
     if cfg.mode == "train" and worker.is_chief:  # what an evaluation of it must score on
-        fingerprint.record(run_dir.path, fingerprint.of_splits(cfg.dataset, data.splits))
+        fingerprint.record(run_dir.splits_json, fingerprint.of_splits(cfg.dataset, data.splits))
     tasks.check_labels(task, cfg.task.name, data.name, data.classes, data.outputs,
                        sample=lambda: some_labels(data))
     check_objective(cfg.objective, cfg.task.name, task.metric_names,  # a user task's: now
@@ -76,7 +76,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
         optimizer = optimizers.with_training_options(
             optimizers.build(cfg.optimizer, schedule), cfg.trainer.grad_accum_steps,
             loss_scaling=cfg.precision == "mixed_float16",
-            distributed=not pipeline.is_default(strategy),
+            distributed=not is_default(strategy),
             epochs=cfg.trainer.epochs if cfg.mode == "train" else None,
             steps_per_epoch=data.steps_per_epoch)
         # Build the slots now, inside the scope: a custom loop must not create them while

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from distlab.data.pipeline import batched, describe_inputs, input_names
+from distlab.data.structure import batched, describe_inputs, input_names
 from distlab.errors import DistlabError
 from distlab.training.experiment import Experiment
 
@@ -26,7 +26,7 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
 
     Its `serve` and `serving_default` signatures take the dataset's raw inputs, each in its
     own dtype and shape as the dataset gives them (uint8 images, strings, variable-length
-    ids), named as the inputs are (`pipeline.input_names`: one tensor is `inputs`, a dict's
+    ids), named as the inputs are (`structure.input_names`: one tensor is `inputs`, a dict's
     inputs their keys), apply the inference-time preprocessing (`dataset.preprocess`; never
     augmentation), and return the model's outputs as `output_0`. The check compares
     raw-input predictions of the reloaded model, with and without the strategy, to the

@@ -334,7 +334,7 @@ def check_evaluation_splits(cfg: DictConfig) -> None:
     trained = started.get("dataset")
     if not trained or trained.get("name") != cfg.dataset.name:
         return  # no config to compare with, or another dataset: none of its rows trained on
-    if fingerprint.recorded(run_dir.path) is not None:
+    if fingerprint.recorded(run_dir.splits_json) is not None:
         return  # its rows are compared once they load
     trained = {"validation": None, **trained}  # a run from before dataset.validation: none
     keys = [k for k in SPLIT_KEYS if k in trained and trained[k] != cfg.dataset.get(k)]
@@ -379,7 +379,7 @@ def check_evaluation_rows(exp: Experiment) -> None:
     except DistlabError:
         return  # (another worker's disk, or the restore says why)
     run_dir = run_dir_of(prefix)
-    trained = fingerprint.recorded(run_dir.path)
+    trained = fingerprint.recorded(run_dir.splits_json)
     started = run_dir.started_config() or {}
     if trained is None or (started.get("dataset") or {}).get("name") != exp.cfg.dataset.name:
         return

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from distlab.data.pipeline import distribute
+from distlab.data.stream import distribute
 from distlab.errors import DistlabError
 from distlab.training.checkpoints import stats_size, sums_size
 from distlab.training.experiment import Experiment
@@ -177,7 +177,7 @@ class Loop:
 
     # ---- distributed pieces shared by the loops
     def distribute(self, dataset: tf.data.Dataset):
-        """Per replica (features, labels, weights); see `distlab.data.pipeline.distribute`."""
+        """Per replica (features, labels, weights); see `distlab.data.stream.distribute`."""
         return distribute(self.exp.strategy, dataset)
 
     def batch_stats(self, labels, predictions, per_example_loss, weights) -> tf.Tensor:

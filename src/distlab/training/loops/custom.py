@@ -1,7 +1,7 @@
 """`loop=custom`: a hand-written tf.distribute training step.
 
 Each replica computes the per-example loss, weights it by the row weights of
-`distlab.data.pipeline.distribute` and divides by its rows times the replica count
+`distlab.data.stream.distribute` and divides by its rows times the replica count
 (`tf.nn.compute_average_loss`); the optimizer all-reduces (sums) the gradients. So the
 update is the mean over the global batch's real rows, as in single-device training (a short
 last batch included), and nothing divides by the replica count a second time.

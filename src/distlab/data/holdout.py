@@ -1,0 +1,61 @@
+"""The validation split held out of train (`dataset.validation=0.1`): which rows (seeded,
+stratified for classes), splitting them off, and what `dataset.validation` asks for."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from distlab.errors import DistlabError
+
+AUTO_FRACTION = 0.1  # dataset.validation=auto without a validation split of the dataset's own
+
+
+def held_out_rows(labels: np.ndarray | None, n: int, fraction: float, seed: int,
+                  key: str = "dataset.validation") -> np.ndarray:
+    """A mask of the `fraction` of `n` rows held out for validation: seeded, and stratified
+    when `labels` (class indices) are given (that fraction of each class, rounded)."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(n, dtype=bool)
+    groups = [np.arange(n)] if labels is None else [np.flatnonzero(labels == c)
+                                                     for c in np.unique(labels)]
+    for rows in groups:
+        mask[rng.permutation(rows)[:round(fraction * len(rows))]] = True
+    if not mask.any() or mask.all():
+        raise DistlabError(f"{key}={fraction} holds out {int(mask.sum())} of the train split's "
+                           f"{n} examples: choose a fraction that leaves both splits non-empty")
+    return mask
+
+
+def hold_out(ds: tf.data.Dataset, mask: np.ndarray) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """(the rows of `ds` not in `mask`, the rows in it), each in `ds`'s order."""
+    held = tf.constant(mask)
+
+    def rows(keep: bool) -> tf.data.Dataset:
+        picked = ds.enumerate().filter(lambda i, example: tf.equal(held[i], keep))
+        return picked.map(lambda i, example: example)
+
+    return rows(False), rows(True)
+
+
+def validation_choice(value: str | None) -> str | float | None:
+    """`dataset.validation` as None (none), a fraction held out, "auto", or a split name."""
+    from distlab.config.schema import held_out_fraction
+
+    if value is None:
+        return None
+    fraction = held_out_fraction(value)
+    return fraction if fraction is not None else str(value).strip()
+
+
+def class_labels(ds: tf.data.Dataset) -> np.ndarray:
+    """Every label of an (input, label) dataset, in order."""
+    batches = ds.map(lambda x, y: y).batch(8192)
+    return np.concatenate([np.asarray(b) for b in batches.as_numpy_iterator()] or
+                          [np.zeros([0], np.int64)])
+
+
+def held_out_name(fraction: float, train_split: str, classes: bool, seed: int) -> str:
+    """results.json's `validation` for a held-out fraction."""
+    return (f"{fraction:g} of {train_split}, held out ({'stratified, ' if classes else ''}"
+            f"dataset.validation_seed={seed})")

@@ -92,7 +92,7 @@ def test_monitor_rules_accept_what_a_run_measures():
 def test_builtin_task_metric_table_matches_the_tasks():
     """The TF-free table used at config time lists exactly what the tasks build."""
     from distlab.components import tasks
-    from distlab.launch.results import builtin_task_metrics
+    from distlab.records.metrics import builtin_task_metrics
 
     for overrides in ([], ["task.top_k=5"], ["task=regression"], ["task=binary"],
                       ["task=binary", "task.metrics=[f1,accuracy]"],
@@ -117,7 +117,8 @@ def test_builtin_task_metric_table_matches_the_tasks():
       "trainer.early_stopping.mode=max"], "maximize"),
 ])
 def test_objective_direction_from_the_config(overrides, expected):
-    from distlab.launch.results import direction, task_metrics
+    from distlab.launch.objective import task_metrics
+    from distlab.records.ranking import direction
 
     cfg = compose(overrides)
     assert direction(cfg, task_metrics(cfg)) == expected
@@ -158,7 +159,7 @@ def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
     """Item 13: the refusal names schedule.decay_epochs and what to do; doing so works, and a
     schedule that decayed to 0 is not offered as a way to train more."""
     from distlab.launch.job import rerun_refusal
-    from distlab.launch.run_dir import RunDir
+    from distlab.records.run_dir import RunDir
 
     def config(*overrides: str) -> dict:
         return OmegaConf.to_container(compose(["schedule=cosine", *overrides]), resolve=True)
@@ -231,7 +232,7 @@ def test_jit_with_determinism_on_an_op_xla_cannot_do_deterministically(tiny_data
 
 
 def test_optuna_advice_follows_the_target_direction():
-    from distlab.launch.results import task_metrics
+    from distlab.launch.objective import task_metrics
     from hydra_plugins.distlab_sweepers.optuna import _advice
 
     for overrides, advice in ((["trainer.target.metric=loss"], "loss <= 0.5 was never reached: "
@@ -258,7 +259,7 @@ def test_extending_a_schedule_that_reached_zero_warns(run_inprocess, tmp_path, c
 
 def test_sweep_summary_ranks_old_jobs_by_the_same_rule():
     """Jobs that report no objective_direction (older run dirs) rank by the field's name with
-    distlab.launch.results's rule; a direction set on the sweeper wins."""
+    distlab.records.ranking's rule; a direction set on the sweeper wins."""
     from distlab.reporting.summary import _maximize
 
     def config(objective: str, direction: str | None = None):

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 from distlab.reporting.summary import (
     LEADING,
     TRAILING,

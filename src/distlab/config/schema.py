@@ -17,7 +17,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from distlab.launch.results import OBJECTIVES, finite
+from distlab.records.fields import OBJECTIVES
+from distlab.records.results import finite
 
 # --------------------------------------------------------------------------- value rules
 
@@ -149,7 +150,7 @@ class DatasetConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
 
 
-# task.metrics: names of the `metric` registry (distlab's: launch.results.BUILTIN_METRICS;
+# task.metrics: names of the `metric` registry (distlab's: records.metrics.BUILTIN_METRICS;
 # a registered name or package.module:callable), each a history column and a test_<name> field
 METRIC_NAMES: Rule = (lambda v: all(isinstance(n, str) and n.strip() for n in v),
                       "must list metric names, e.g. [accuracy, auc]")
@@ -412,7 +413,7 @@ class MlflowLoggerConfig(LoggerConfig):
                                                "must name an MLflow experiment"))
 
 
-# the numeric results.json fields `objective` may name for sweepers: launch.results.OBJECTIVES
+# the numeric results.json fields `objective` may name for sweepers: records.fields.OBJECTIVES
 OBJECTIVE: Rule = (
     lambda v: v in OBJECTIVES or v.startswith("val_"),
     "must name a numeric results.json field: val_loss, val_<metric of the task> (e.g. "

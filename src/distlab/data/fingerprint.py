@@ -106,7 +106,7 @@ def _tfds(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
 # ---- the record, and the check at evaluation (no TensorFlow needed from here on)
 
 def splits_json(run_dir: Path) -> Path:
-    from distlab.launch.run_dir import RunDir
+    from distlab.records.run_dir import RunDir
 
     return RunDir(run_dir).splits_json
 

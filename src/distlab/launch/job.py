@@ -49,9 +49,9 @@ from distlab.errors import (
 )
 from distlab.errors import message as error_message
 from distlab.launch import refusals
-from distlab.launch.results import failed_results, objective_value
-from distlab.launch.run_dir import RunDir, RunDirBusy
 from distlab.launch.worker_dir import non_chief, own_dir
+from distlab.records.results import failed_results, objective_value
+from distlab.records.run_dir import RunDir, RunDirBusy
 from distlab.tracking import session as tracking
 
 log = logging.getLogger("distlab")

@@ -35,8 +35,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.launch import refusals, sweep_parent
-from distlab.launch.results import maximizes
-from distlab.launch.run_dir import RunDir
+from distlab.records.ranking import maximizes
+from distlab.records.run_dir import RunDir
 from distlab.tracking import session as tracking
 
 log = logging.getLogger(__name__)
@@ -496,8 +496,8 @@ class SweepSummary(Callback):
 
 def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
     """The Optuna sweeper's direction if the user set one; else the direction the jobs report
-    for their objective (`distlab.launch.results`: accuracy up, MAE and times down); else maximise
-    by the field's name (run dirs written before jobs reported a direction)."""
+    for their objective; else the objective field's own (`distlab.records.ranking`: accuracy
+    up, MAE and times down; run dirs written before jobs reported a direction)."""
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum
     if direction in ("maximize", "minimize"):
@@ -505,7 +505,7 @@ def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
     reported = {j.results.get("objective_direction") for j in jobs} - {None}
     if len(reported) == 1:
         return reported == {"maximize"}
-    return maximizes(str(config.get("objective") or ""), {}, None)  # by its name alone
+    return maximizes(str(config.get("objective") or ""))  # the field's declared direction
 
 
 def _first_line(text: str) -> str:

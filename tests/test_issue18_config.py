@@ -103,14 +103,17 @@ def test_builtin_task_metric_table_matches_the_tasks():
                                                   for m in built.metrics}
 
 
+TARGET = ("trainer.target.metric=val_accuracy", "trainer.target.value=0.9")
+
+
 @pytest.mark.parametrize("overrides, expected", [
-    ([], "maximize"),  # the task's first metric: test_accuracy
-    (["objective=test_loss"], "minimize"),
-    (["objective=time_to_target_s"], "minimize"),  # item 4
-    (["objective=epochs_to_target"], "minimize"),
+    ([], "maximize"),  # the task's first validation metric: val_accuracy
+    (["objective=val_loss"], "minimize"),
+    (["objective=time_to_target_s", *TARGET], "minimize"),  # item 4
+    (["objective=epochs_to_target", *TARGET], "minimize"),
     (["objective=wall_time_s"], "minimize"),
     (["objective=train_examples_per_sec"], "maximize"),
-    (["task=regression"], "minimize"),  # test_mae
+    (["task=regression"], "minimize"),  # val_mae
     (["objective=best_value", "trainer.best_checkpoint.metric=val_loss"], "minimize"),
     (["objective=best_value", "trainer.best_checkpoint.metric=val_accuracy"], "maximize"),
     (["objective=best_value", "trainer.early_stopping.metric=val_loss",
@@ -121,11 +124,29 @@ def test_objective_direction_from_the_config(overrides, expected):
     from distlab.records.ranking import direction
 
     cfg = compose(overrides)
+    validate(cfg)  # an objective the schema refuses has no direction to check
     assert direction(cfg, task_metrics(cfg)) == expected
 
 
-def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept():
-    """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna)."""
+def test_a_test_split_objective_is_refused_before_any_direction():
+    with pytest.raises(ConfigError, match="objective"):
+        validate(compose(["objective=test_loss"]))
+
+
+def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monkeypatch):
+    """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna), set
+    before hydra-optuna-sweeper's own setup (which needs a real Hydra context: here it stops
+    the setup, and nothing else may fail)."""
+    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
+    class Stop(Exception):
+        pass
+
+    def parents_setup(self, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(OptunaSweeper, "setup", parents_setup)
+
     def study_direction(*overrides: str) -> str:
         from conftest import ROOT
         from hydra import compose as hydra_compose
@@ -142,16 +163,15 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept():
             config_loader = None
             callbacks = None
 
-        try:
+        with pytest.raises(Stop):
             sweeper.setup(hydra_context=Context(), task_function=lambda c: None, config=cfg)
-        except Exception:  # noqa: BLE001 - the launcher needs a real context; the direction is set first
-            pass
         return sweeper.sweeper._get_directions()[0]
 
     assert study_direction() == "maximize"
-    assert study_direction("objective=time_to_target_s") == "minimize"
-    assert study_direction("objective=test_loss") == "minimize"
-    assert study_direction("objective=time_to_target_s",
+    assert study_direction("objective=time_to_target_s", *TARGET) == "minimize"
+    assert study_direction("objective=val_loss") == "minimize"
+    assert study_direction("task=regression", "objective=val_mae") == "minimize"
+    assert study_direction("objective=time_to_target_s", *TARGET,
                            "hydra.sweeper.direction=maximize") == "maximize"
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 SRC = ROOT / "src" / "distlab"
-FOLDERS = ["components", "config", "data", "distribute", "keras_patches", "launch",
+FOLDERS = ["components", "config", "config/schema", "data", "distribute", "keras_patches", "launch",
            "records", "reporting", "tracking", "training", "training/actions", "training/loops"]
 
 

@@ -137,15 +137,11 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
     """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna), set
     before hydra-optuna-sweeper's own setup (which needs a real Hydra context: here it stops
     the setup, and nothing else may fail)."""
-    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
-
     class Stop(Exception):
         pass
 
     def parents_setup(self, **kwargs):
         raise Stop
-
-    monkeypatch.setattr(OptunaSweeper, "setup", parents_setup)
 
     def study_direction(*overrides: str) -> str:
         from conftest import ROOT
@@ -158,6 +154,9 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
                                 return_hydra_config=True)
         sweeper = instantiate(cfg.hydra.sweeper)  # (no global HydraConfig: jobs would read it)
         assert type(sweeper).__name__ == "DistlabOptunaSweeper"
+        # hydra-optuna-sweeper's class as the sweeper has it (Hydra's plug-in scan may have
+        # imported that module again, so not necessarily the one importable here)
+        monkeypatch.setattr(type(sweeper).__bases__[0], "setup", parents_setup)
 
         class Context:
             config_loader = None
@@ -178,7 +177,7 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
 def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
     """Item 13: the refusal names schedule.decay_epochs and what to do; doing so works, and a
     schedule that decayed to 0 is not offered as a way to train more."""
-    from distlab.launch.job import rerun_refusal
+    from distlab.launch.rerun import rerun_refusal
     from distlab.records.run_dir import RunDir
 
     def config(*overrides: str) -> dict:

@@ -187,6 +187,7 @@ def test_the_training_folder_opens_with_who_owns_what():
 
 
 TF_FREE = ["distlab", "distlab.config", "distlab.launch.job", "distlab.launch.objective",
+           "distlab.launch.api", "distlab.launch.rerun",
            "distlab.records", "distlab.records.fields", "distlab.records.ranking",
            "distlab.records.results", "distlab.records.run_dir", "distlab.records.metrics",
            "distlab.reporting.summary", "distlab.registry",

@@ -36,7 +36,8 @@ from distlab.config import DatasetConfig
 from distlab.data.splits import DataSplits
 from distlab.deprecated import MOVED
 from distlab.errors import DistlabError
-from distlab.launch.job import Results, run, train
+from distlab.launch.api import train
+from distlab.launch.job import Results, run
 from distlab.registry import register
 
 __version__ = "0.2.0"

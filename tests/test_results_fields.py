@@ -61,6 +61,7 @@ def test_one_rule_ranks_fields_and_figures():
     assert ranking.maximizes("val_mae") is False  # distlab's own metric, known without a task
     assert ranking.maximizes("val_my_score", {"my_score": False}) is False
     assert ranking.maximizes("val_my_score") is True  # a metric not known: higher is better
+    assert ranking.maximizes("val_log_loss") is False  # ... unless its name says loss
     assert ranking.maximizes("best_test_loss") is ranking.maximizes("loss") is False
     assert ranking.maximizes("best_value", regression, best=False) is False
     assert ranking.maximizes("best_value") is True  # no metric followed

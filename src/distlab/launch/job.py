@@ -48,6 +48,7 @@ from distlab.errors import (
 from distlab.errors import message as error_message
 from distlab.launch import refusals
 from distlab.launch.rerun import already_completed, rerun_refusal
+from distlab.records.fields import is_field
 from distlab.records.results import failed_results, objective_value
 from distlab.records.run_dir import RunDir, RunDirBusy
 from distlab.tracking import session as tracking
@@ -252,7 +253,8 @@ def _interrupted_results(stopped: Interrupted, results: dict[str, Any] | None,
     if previous is not None:
         if previous.get("status") == "completed":
             return None
-        return {**{k: v for k, v in previous.items() if k != "error"}, **mark}
+        # (a field an older distlab wrote and this one no longer has is left out)
+        return {**{k: v for k, v in previous.items() if k != "error" and is_field(k)}, **mark}
     return {**{k: v for k, v in failed_results(cfg, "", started).items() if k != "error"},
             **mark}
 

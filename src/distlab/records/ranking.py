@@ -6,8 +6,9 @@
 (times and `epochs_to_target` down, throughput up, its spread down); a figure of the task (a
 history.csv column such as `loss`, `accuracy`, `val_auc`, or a `test_`/`best_test_` field)
 ranks its metric's way: losses down, a task metric as its `higher_is_better` says (`higher`,
-else distlab's own metrics', else up); `best_value` ranks as the metric checkpoints/best
-follows (`best`). The others are wrappers that name it for their callers.
+else distlab's own metrics'; one neither knows, by its name: loss or error down, else up);
+`best_value` ranks as the metric checkpoints/best follows (`best`). The others are wrappers
+that name it for their callers.
 """
 
 from __future__ import annotations
@@ -25,13 +26,16 @@ _BUILTIN = {name: higher for name, (higher, _) in BUILTIN_METRICS.items()}
 
 def figure_maximizes(figure: str, higher: Mapping[str, bool] = {}) -> bool:  # noqa: B006
     """Whether a larger value of a figure of the task is better: `loss` (any split) down,
-    a metric its `higher_is_better` (`higher`, else distlab's own, else up)."""
+    a metric its `higher_is_better` (`higher`, else distlab's own); a metric no task
+    describes here (an old sweep's user metric) down if its name says loss or error, else up."""
     base = figure
     for prefix in SPLIT_PREFIXES:
         base = base.removeprefix(prefix)
     if base == "loss":
         return False
-    return higher.get(base, _BUILTIN.get(base, True))
+    if base in higher or base in _BUILTIN:
+        return higher.get(base, _BUILTIN.get(base))
+    return not ("loss" in base or "error" in base)
 
 
 def maximizes(name: str, higher: Mapping[str, bool] = {},  # noqa: B006

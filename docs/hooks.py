@@ -43,7 +43,7 @@ def on_page_markdown(markdown: str, page: Any = None, **_: Any) -> str:
 def results_fields() -> tuple[tuple[Any, ...], dict[str, str], str]:
     """The results.json fields, in order, what each `when` means and where the list is: the
     one place the docs read them from."""
-    from distlab.launch import results as records  # the records layer: change this line only
+    from distlab.records import fields as records  # the records layer
 
     return tuple(records.FIELDS), getattr(records, "WRITTEN_BY", {}), records.__name__
 

@@ -88,7 +88,7 @@ def test_config_dir_adds_the_users_configs_as_the_commands_config_dir(tmp_path, 
     """`config_dir` is the command's `--config-dir`: the user's YAMLs join distlab's groups
     (it used to replace distlab's configs: "Cannot find primary config 'config'")."""
     import distlab
-    from distlab.launch.job import _compose
+    from distlab.launch.api import _compose
 
     project = tmp_path / "my_project"
     (project / "conf" / "model").mkdir(parents=True)

@@ -218,7 +218,7 @@ def test_a_metric_distlab_cannot_sum_is_refused_in_one_line(metric, message):
 def test_default_metrics_keep_each_task_s_figures():
     from conftest import compose
 
-    from distlab.launch.results import builtin_task_metrics
+    from distlab.records.metrics import builtin_task_metrics
 
     assert list(compose([]).task.metrics) == ["accuracy"]
     assert list(compose(["task=regression"]).task.metrics) == ["mae", "rmse"]
@@ -261,7 +261,8 @@ def test_binary_watched_metrics_and_objectives_rank_their_way():
     from conftest import compose
 
     from distlab.config import validate
-    from distlab.launch.results import direction, task_metrics
+    from distlab.launch.objective import task_metrics
+    from distlab.records.ranking import direction
 
     cfg = compose(["task=binary", "trainer.early_stopping.metric=val_auc",
                    "trainer.target.metric=val_recall", "trainer.target.value=0.9",

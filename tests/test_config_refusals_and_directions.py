@@ -92,7 +92,7 @@ def test_monitor_rules_accept_what_a_run_measures():
 def test_builtin_task_metric_table_matches_the_tasks():
     """The TF-free table used at config time lists exactly what the tasks build."""
     from distlab.components import tasks
-    from distlab.launch.results import builtin_task_metrics
+    from distlab.records.metrics import builtin_task_metrics
 
     for overrides in ([], ["task.top_k=5"], ["task=regression"], ["task=binary"],
                       ["task=binary", "task.metrics=[f1,accuracy]"],
@@ -103,28 +103,46 @@ def test_builtin_task_metric_table_matches_the_tasks():
                                                   for m in built.metrics}
 
 
+TARGET = ("trainer.target.metric=val_accuracy", "trainer.target.value=0.9")
+
+
 @pytest.mark.parametrize("overrides, expected", [
-    ([], "maximize"),  # the task's first metric: test_accuracy
-    (["objective=test_loss"], "minimize"),
-    (["objective=time_to_target_s"], "minimize"),  # item 4
-    (["objective=epochs_to_target"], "minimize"),
+    ([], "maximize"),  # the task's first validation metric: val_accuracy
+    (["objective=val_loss"], "minimize"),
+    (["objective=time_to_target_s", *TARGET], "minimize"),  # item 4
+    (["objective=epochs_to_target", *TARGET], "minimize"),
     (["objective=wall_time_s"], "minimize"),
     (["objective=train_examples_per_sec"], "maximize"),
-    (["task=regression"], "minimize"),  # test_mae
+    (["task=regression"], "minimize"),  # val_mae
     (["objective=best_value", "trainer.best_checkpoint.metric=val_loss"], "minimize"),
     (["objective=best_value", "trainer.best_checkpoint.metric=val_accuracy"], "maximize"),
     (["objective=best_value", "trainer.early_stopping.metric=val_loss",
       "trainer.early_stopping.mode=max"], "maximize"),
 ])
 def test_objective_direction_from_the_config(overrides, expected):
-    from distlab.launch.results import direction, task_metrics
+    from distlab.launch.objective import task_metrics
+    from distlab.records.ranking import direction
 
     cfg = compose(overrides)
+    validate(cfg)  # an objective the schema refuses has no direction to check
     assert direction(cfg, task_metrics(cfg)) == expected
 
 
-def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept():
-    """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna)."""
+def test_a_test_split_objective_is_refused_before_any_direction():
+    with pytest.raises(ConfigError, match="objective"):
+        validate(compose(["objective=test_loss"]))
+
+
+def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monkeypatch):
+    """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna), set
+    before hydra-optuna-sweeper's own setup (which needs a real Hydra context: here it stops
+    the setup, and nothing else may fail)."""
+    class Stop(Exception):
+        pass
+
+    def parents_setup(self, **kwargs):
+        raise Stop
+
     def study_direction(*overrides: str) -> str:
         from conftest import ROOT
         from hydra import compose as hydra_compose
@@ -136,29 +154,31 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept():
                                 return_hydra_config=True)
         sweeper = instantiate(cfg.hydra.sweeper)  # (no global HydraConfig: jobs would read it)
         assert type(sweeper).__name__ == "DistlabOptunaSweeper"
+        # hydra-optuna-sweeper's class as the sweeper has it (Hydra's plug-in scan may have
+        # imported that module again, so not necessarily the one importable here)
+        monkeypatch.setattr(type(sweeper).__bases__[0], "setup", parents_setup)
 
         class Context:
             config_loader = None
             callbacks = None
 
-        try:
+        with pytest.raises(Stop):
             sweeper.setup(hydra_context=Context(), task_function=lambda c: None, config=cfg)
-        except Exception:  # noqa: BLE001 - the launcher needs a real context; the direction is set first
-            pass
         return sweeper.sweeper._get_directions()[0]
 
     assert study_direction() == "maximize"
-    assert study_direction("objective=time_to_target_s") == "minimize"
-    assert study_direction("objective=test_loss") == "minimize"
-    assert study_direction("objective=time_to_target_s",
+    assert study_direction("objective=time_to_target_s", *TARGET) == "minimize"
+    assert study_direction("objective=val_loss") == "minimize"
+    assert study_direction("task=regression", "objective=val_mae") == "minimize"
+    assert study_direction("objective=time_to_target_s", *TARGET,
                            "hydra.sweeper.direction=maximize") == "maximize"
 
 
 def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
     """Item 13: the refusal names schedule.decay_epochs and what to do; doing so works, and a
     schedule that decayed to 0 is not offered as a way to train more."""
-    from distlab.launch.job import rerun_refusal
-    from distlab.launch.run_dir import RunDir
+    from distlab.launch.rerun import rerun_refusal
+    from distlab.records.run_dir import RunDir
 
     def config(*overrides: str) -> dict:
         return OmegaConf.to_container(compose(["schedule=cosine", *overrides]), resolve=True)
@@ -231,7 +251,7 @@ def test_jit_with_determinism_on_an_op_xla_cannot_do_deterministically(tiny_data
 
 
 def test_optuna_advice_follows_the_target_direction():
-    from distlab.launch.results import task_metrics
+    from distlab.launch.objective import task_metrics
     from hydra_plugins.distlab_sweepers.optuna import _advice
 
     for overrides, advice in ((["trainer.target.metric=loss"], "loss <= 0.5 was never reached: "
@@ -258,7 +278,7 @@ def test_extending_a_schedule_that_reached_zero_warns(run_inprocess, tmp_path, c
 
 def test_sweep_summary_ranks_old_jobs_by_the_same_rule():
     """Jobs that report no objective_direction (older run dirs) rank by the field's name with
-    distlab.launch.results's rule; a direction set on the sweeper wins."""
+    distlab.records.ranking's rule; a direction set on the sweeper wins."""
     from distlab.reporting.summary import _maximize
 
     def config(objective: str, direction: str | None = None):

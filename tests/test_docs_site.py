@@ -79,7 +79,7 @@ def test_every_option_of_every_group_is_listed(hooks):
 
 
 def test_the_results_page_lists_every_field_and_no_other(hooks):
-    from distlab.launch import results
+    from distlab.records import fields as results
 
     text = _page(hooks, "reference/results.md")
     table = [r for r in text.splitlines() if r.startswith("| `")]

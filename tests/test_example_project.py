@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from distlab.launch.run_dir import history_columns
+from distlab.records.run_dir import history_columns
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "tabular_project"

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 
 pytestmark = pytest.mark.slow
 

@@ -29,12 +29,14 @@ DOCUMENTED = [
     ("distlab.errors", "ConfigError", None), ("distlab.errors", "DistlabError", None),
     ("distlab.tracking", "Tracker", None),
     ("distlab.training.loops", "Loop", None),
-    ("distlab.launch.results", "FIELDS", None),
+    ("distlab.records", "FIELDS", None),
+    ("distlab.launch.results", "FIELDS", "distlab.records.FIELDS"),  # README of 0.2.0 (dev)
     ("distlab.tasks", "Metric", "from distlab import Metric, Task"),  # README of 0.1
     ("distlab.tasks", "Task", "from distlab import Metric, Task"),
     ("distlab.loops", "Loop", "distlab.Loop"),  # README of 0.1: a distlab.loops.Loop subclass
 ]
-NEW_HOME = {"distlab.tasks": "distlab", "distlab.loops": "distlab"}
+NEW_HOME = {"distlab.tasks": "distlab", "distlab.loops": "distlab",
+            "distlab.launch.results": "distlab.records"}
 
 
 def _fresh(module: str) -> None:
@@ -65,7 +67,8 @@ def test_every_documented_name_imports_from_its_documented_path(module, name, mo
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once: importing it again, or the name, is silent
         exec(f"from {module} import {name}", {})
-        getattr(distlab, module.rpartition(".")[2])
+        parent, _, child = module.rpartition(".")
+        getattr(importlib.import_module(parent), child)
 
 
 def test_an_old_dotted_path_works_after_import_distlab():

@@ -226,7 +226,7 @@ def test_distlab_command_composes_and_passes_the_checks(command: Command, tiny_d
 
     from distlab import plugins
     from distlab.config import validate
-    from distlab.launch.job import _compose
+    from distlab.launch.api import _compose
     from distlab.tracking import session as tracking
 
     project = project_of(command.block.doc, tmp_path)
@@ -284,7 +284,7 @@ def test_distlab_command_trains_a_few_steps(command: Command, tiny_data_dir, tmp
     from omegaconf import OmegaConf, open_dict
 
     import distlab
-    from distlab.launch.job import _compose
+    from distlab.launch.api import _compose
 
     if reason := next((r for k, r in NOT_TRAINED.items() if k in command.env), None):
         pytest.skip(reason)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from test_binary_metrics import BINARY, _binary_task, _probabilities, _split, binary_data  # noqa: F401
 
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:

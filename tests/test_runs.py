@@ -7,8 +7,8 @@ import json
 import pytest
 from conftest import fast_overrides, run_cli
 
-from distlab.launch.results import COMPLETED, is_field
-from distlab.launch.run_dir import HISTORY_COLUMNS, RunDir
+from distlab.records.fields import COMPLETED, is_field
+from distlab.records.run_dir import HISTORY_COLUMNS, RunDir
 
 pytestmark = pytest.mark.slow
 MLP = ("model=mlp", "model.hidden_units=[32]")  # where the model is not the point

@@ -184,8 +184,8 @@ def test_choosing_on_the_test_split_is_refused(overrides, needle):
 
 
 def test_without_a_validation_split_no_val_columns_and_no_default_objective():
-    from distlab.launch.results import objective_fields
-    from distlab.launch.run_dir import history_columns
+    from distlab.records.ranking import objective_fields
+    from distlab.records.run_dir import history_columns
 
     assert history_columns(["accuracy"], validation=False) == [
         "epoch", "learning_rate", "loss", "accuracy", "seconds", "examples_per_sec"]

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 from distlab.reporting.summary import (
     LEADING,
     TRAILING,
@@ -366,3 +366,16 @@ def test_jobs_of_a_killed_joblib_sweep_stop_with_a_checkpoint_and_resume(tiny_da
     for job in jobs:
         resumed = _results(job)
         assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
+
+
+def test_the_plot_is_a_list_of_panels():
+    """summary.png draws `panels(jobs)`: the objective, throughput with its spread, and time
+    to target only when a job has one."""
+    from distlab.reporting.summary import Job, panels
+
+    plain = [Job(0, Path("0"), [], {"status": "completed", "val_mae": 0.3})]
+    assert [(p.field, p.spread) for p in panels(plain)] == [
+        ("val_mae", None), ("train_examples_per_sec", "train_examples_per_sec_std")]
+    targeted = [Job(0, Path("0"), [], {"status": "completed", "time_to_target_s": 2.0})]
+    assert [p.field for p in panels(targeted, "wall_time_s")] == [
+        "wall_time_s", "train_examples_per_sec", "time_to_target_s"]

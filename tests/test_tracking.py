@@ -139,7 +139,7 @@ def _sweep_job(sweep, num: int, overrides: list[str], swept: list[str],
                params: dict | None = None):
     """A job directory as Hydra's basic sweeper leaves it: the sweep's command-line
     overrides in multirun.yaml, the job's own in .hydra/overrides.yaml."""
-    from distlab.launch.run_dir import RunDir
+    from distlab.records.run_dir import RunDir
 
     sweep.mkdir(exist_ok=True)
     OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"task": swept}}}),
@@ -271,7 +271,7 @@ def recording_tracker():
 def test_a_plugin_tracker_gets_the_rows_and_its_failure_is_one_warning(
         recording_tracker, tmp_path, caplog):
     from distlab import plugins
-    from distlab.launch.run_dir import RunDir
+    from distlab.records.run_dir import RunDir
     from distlab.tracking import session
 
     cfg = compose(["logger.name=recording"])

@@ -13,6 +13,20 @@ The public API is `__all__` here and, in documented modules, `distlab.config.Dat
 `distlab.errors` (`DistlabError`, `ConfigError`), `distlab.tracking.Tracker` and
 `distlab.training.loops.Loop`; paths that moved stay importable for a minor version as
 aliases that warn (`distlab.deprecated`).
+
+The package's layers, bottom up; a module imports from its own layer and those below only,
+and no module imports itself back through others (the layout test checks both, on every
+import statement, those inside functions too):
+
+1. `records` (results.json's fields, how figures rank, the run directory), `errors`,
+   `deprecated`
+2. `registry`, `config`
+3. `distribute`, `tracking`, `keras_patches`
+4. `data`, `components`, `plugins`
+5. `training`
+6. `launch`, `reporting`
+7. `cli`, this module and its aliases (`tasks`, `loops`), and the Hydra plug-ins
+   (`hydra_plugins`)
 """
 
 from importlib import import_module
@@ -22,7 +36,8 @@ from distlab.config import DatasetConfig
 from distlab.data.splits import DataSplits
 from distlab.deprecated import MOVED
 from distlab.errors import DistlabError
-from distlab.launch.job import Results, run, train
+from distlab.launch.api import train
+from distlab.launch.job import Results, run
 from distlab.registry import register
 
 __version__ = "0.2.0"

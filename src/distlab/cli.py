@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 from distlab.config import register_configs  # noqa: E402
 from distlab.config.store import config_dir_problem  # noqa: E402
 from distlab.errors import composition_error  # noqa: E402
-from distlab.launch.run_dir import check_output_dir_args  # noqa: E402
+from distlab.records.run_dir import check_output_dir_args  # noqa: E402
 
 PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
 

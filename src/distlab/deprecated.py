@@ -12,6 +12,8 @@ import warnings
 MOVED = {
     "distlab.tasks": ("0.2.0", "0.3.0", "from distlab import Metric, Task"),
     "distlab.loops": ("0.2.0", "0.3.0", "distlab.Loop (from distlab import Loop)"),
+    "distlab.launch.results": ("0.2.0", "0.3.0", "distlab.records.FIELDS (from distlab.records "
+                               "import FIELDS)"),
 }
 
 

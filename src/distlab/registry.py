@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distlab.errors import DistlabError, described
-from distlab.launch.results import BUILTIN_METRICS, BUILTIN_TASKS
+from distlab.records.metrics import BUILTIN_METRICS, BUILTIN_TASKS
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 

@@ -5,7 +5,7 @@ A metric builder is called as `f(cfg, task)`: `cfg` is the task's config node, `
 before the metric first runs, so read it inside the metric, not in the builder). It returns a
 `Metric` (a per-example function, or a stateful `keras.metrics.Metric` with `prepare`) or a
 bare `keras.metrics.Metric`. Which task has which metric, and which way each ranks, is
-`distlab.launch.results.BUILTIN_METRICS` (no TensorFlow; the config is checked against it).
+`distlab.records.metrics.BUILTIN_METRICS` (no TensorFlow; the config is checked against it).
 
 Binary metrics threshold the probability at 0.5 (a logit model's outputs go through a
 sigmoid first), as Keras' BinaryAccuracy, Precision and Recall do (`p > 0.5`).
@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from distlab.components.tasks import Metric, Task, aligned, probabilities
 from distlab.errors import DistlabError
-from distlab.launch.results import BUILTIN_METRICS
+from distlab.records.metrics import BUILTIN_METRICS
 
 THRESHOLD = 0.5  # binary: a probability above it predicts 1
 AUC_THRESHOLDS = 1000  # keras.metrics.AUC's buckets (its default, 200, is coarser)

@@ -8,15 +8,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.config.figures import check_objective, check_task_metrics, check_watched
 from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, Config, Rule
 from distlab.errors import ConfigError, DistlabError
-from distlab.launch.results import (
-    BUILTIN_METRICS,
-    builtin_task_metrics,
-    check_objective,
-    check_task_metrics,
-    check_watched,
-)
+from distlab.records.metrics import BUILTIN_METRICS, builtin_task_metrics
 
 JIT_ON_LOGICAL_CPUS = (
     "loop.jit_compile=true cannot run on several logical CPU devices (strategy.cpu_devices>1): "

@@ -40,7 +40,7 @@ def _write_failed(report: dict, message: str, waited: float) -> None:
     if not report.get("path"):
         return
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: src/
-    from distlab.launch.run_dir import RunDir
+    from distlab.records.run_dir import RunDir
 
     RunDir(Path(report["path"]).parent).record_failure(
         {**report.get("results", {}), "error": message, "wall_time_s": waited})

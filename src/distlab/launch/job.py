@@ -5,6 +5,8 @@ the interpreter and reads no Hydra global, so a notebook or another program can 
 `distlab.train`) many times. The `distlab` command (`distlab.cli`) turns the Results into an
 exit status. Nothing here imports TensorFlow until the config is valid and the run
 directory is ours.
+
+`api.train` composes the config and calls `run`; `rerun` holds the rerun rules.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from distlab import plugins
-from distlab.config import effective, register_configs, training_diff, validate
-from distlab.config.store import config_dir_problem
+from distlab.config import validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import (
     DONE,
@@ -43,15 +43,14 @@ from distlab.errors import (
     ConfigError,
     DistlabError,
     LostWorker,
-    composition_error,
     described,
-    hydra_value,
 )
 from distlab.errors import message as error_message
 from distlab.launch import refusals
-from distlab.launch.results import failed_results, objective_value
-from distlab.launch.run_dir import RunDir, RunDirBusy
-from distlab.launch.worker_dir import non_chief, own_dir
+from distlab.launch.rerun import already_completed, rerun_refusal
+from distlab.records.fields import is_field
+from distlab.records.results import failed_results, objective_value
+from distlab.records.run_dir import RunDir, RunDirBusy
 from distlab.tracking import session as tracking
 
 log = logging.getLogger("distlab")
@@ -84,99 +83,6 @@ class Results:
 
     def __getitem__(self, key: str) -> Any:
         return self.fields[key]
-
-
-def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
-          output_dir: str | Path | None = None, *,
-          config_path: str | Path | None = None) -> Results:
-    """Compose the config as `distlab [--config-dir CONFIG_DIR] OVERRIDES` would and run one
-    job in this process.
-
-    `config_dir`: your own config directory, added to the config search path after
-    distlab's configs, as the command's `--config-dir` (a relative path is taken from the
-    current directory): its YAMLs are more options of distlab's groups. `config_path`: the
-    primary config directory, in place of the configs installed with distlab (a checkout's
-    `conf/`, as `python run.py` uses). `output_dir`: the run directory (default: the config's
-    `hydra.run.dir`, outputs/<date>/<time>). distlab's log lines of the job also go to its
-    run.log. Never exits: see `Results.exit_code` and `.error`."""
-    register_configs()
-    flags = [o for o in overrides if str(o).startswith("-")]
-    problem = (f"distlab.train takes overrides, not the command's flags ({flags[0]}): "
-               "--config-dir DIR is config_dir=DIR; -m (a sweep) and --cfg have no "
-               "distlab.train form (call it once per job)" if flags else
-               config_dir_problem(config_dir, "config_dir") if config_dir is not None else
-               config_dir_problem(config_path, "config_path") if config_path is not None
-               else None)
-    if problem:
-        return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=problem)
-    if config_dir is not None and config_path is None \
-            and (Path(config_dir).expanduser() / "config.yaml").is_file():
-        warnings.warn(
-            f"distlab.train(config_dir={str(config_dir)!r}): config_dir adds your configs to "
-            "distlab's, as `distlab --config-dir` does (since 0.2.0), so its config.yaml is "
-            f"not the primary config; to compose from it, pass config_path={str(config_dir)!r}",
-            FutureWarning, stacklevel=2)
-    try:
-        composed = _compose(list(overrides), config_dir, config_path)
-    except DistlabError as e:
-        return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=str(e))
-    run_dir = Path(output_dir or str(composed.hydra.run.dir))
-    if (worker := non_chief(composed)) is not None:  # never in the chief's run dir
-        run_dir = Path(own_dir(str(run_dir), worker))
-    try:  # made first, as Hydra makes the command's, so a failure is recorded in it
-        RunDir(run_dir).check_writable()
-    except DistlabError as e:
-        return Results(run_dir, exit_code=USER_ERROR, error=str(e))
-    cfg = OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"])
-    return run(cfg, run_dir, log_file=True)
-
-
-def _compose(overrides: list[str], config_dir: str | Path | None = None,
-             config_path: str | Path | None = None) -> DictConfig:
-    """The composed config (with its `hydra` node), Hydra's errors as one DistlabError line.
-    `config_dir` joins the search path as `hydra.searchpath` (where the command's
-    `--config-dir` goes: after distlab's configs and plug-in packages'). A Hydra already set
-    up in this process (a @hydra.main app, hydra.initialize) is put back afterwards."""
-    from hydra import compose, initialize_config_dir, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
-    GlobalHydra.instance().clear()
-    try:
-        if config_dir is not None:
-            overrides = _with_search_path(overrides, Path(config_dir).expanduser().resolve())
-        context = (initialize_config_dir(str(Path(config_path).expanduser().resolve()),
-                                         version_base="1.3")
-                   if config_path is not None else
-                   initialize_config_module("distlab.conf", version_base="1.3"))
-        with context:
-            return compose("config", overrides=overrides, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as e:  # as the command: one line
-        raise DistlabError(composition_error(e)) from None
-    finally:
-        GlobalHydra.instance().clear()
-        if outer is not None:
-            GlobalHydra.instance().initialize(outer)
-
-
-def _with_search_path(overrides: list[str], config_dir: Path) -> list[str]:
-    """`overrides` with `file://<config_dir>` first in `hydra.searchpath` (joined to one the
-    overrides already give: Hydra reads only the first)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    given: list[str] = []
-    rest = []
-    for text in overrides:
-        if text.split("=", 1)[0].strip() == "hydra.searchpath":
-            value = parser.parse_override(text).value()
-            given += [str(v) for v in (value if isinstance(value, list) else [value])]
-        else:
-            rest.append(text)
-    paths = ", ".join(hydra_value(p) for p in [f"file://{config_dir}", *given])
-    return [*rest, f"hydra.searchpath=[{paths}]"]
 
 
 @contextmanager
@@ -244,7 +150,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             refusal = rerun_refusal(run_dir, config, cfg.mode)
             previous = run_dir.read_results()
             verdict = ("refused" if refusal else
-                       "completed" if _already_completed(previous, cfg) else "train")
+                       "completed" if already_completed(previous, cfg) else "train")
         strategy = None
         if worker.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
             from distlab.distribute import multi_worker
@@ -347,7 +253,8 @@ def _interrupted_results(stopped: Interrupted, results: dict[str, Any] | None,
     if previous is not None:
         if previous.get("status") == "completed":
             return None
-        return {**{k: v for k, v in previous.items() if k != "error"}, **mark}
+        # (a field an older distlab wrote and this one no longer has is left out)
+        return {**{k: v for k, v in previous.items() if k != "error" and is_field(k)}, **mark}
     return {**{k: v for k, v in failed_results(cfg, "", started).items() if k != "error"},
             **mark}
 
@@ -378,62 +285,6 @@ def process_started() -> float:
         return _IMPORTED
 
 
-def _already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
-    return bool(previous and cfg.mode == "train" and previous.get("mode") == "train"
-                and previous.get("status") == "completed"
-                and (previous.get("epochs_completed", 0) >= cfg.trainer.epochs
-                     or bool(previous.get("stopped_early"))))
-
-
-def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") -> str | None:
-    """Why this run must not go into `run_dir` (which may hold an earlier run), or None.
-
-    A training run whose earlier attempt has no checkpoint (it failed or was killed before
-    its first one) may change the config: that attempt is moved to .distlab/attempts/<n>/.
-    """
-    started_with = run_dir.started_config()
-    if started_with is None:
-        return None
-    if config.get("mode") == "evaluate":
-        return (f"{run_dir.path} holds a training run; mode=evaluate would overwrite its "
-                "results. Give the evaluation its own hydra.run.dir")
-    changed = training_diff(started_with, config)
-    if not changed:
-        return None
-    if mode == "train" and not run_dir.has_checkpoints():
-        kept = run_dir.archive_attempt()  # nothing trained is on disk: start afresh
-        log.info("%s held an attempt with another config and no checkpoint; it is kept in "
-                 "%s and this run starts afresh", run_dir.path, kept)
-        return None
-    before, after = effective(started_with), effective(config)
-    shown = ", ".join(f"{k} ({before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r})"
-                      for k in changed[:6])
-    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
-    hint = ""
-    if "schedule.decay_epochs" in changed and _get(started_with, "schedule.decay_epochs") is None \
-            and _get(started_with, "schedule.name") == "cosine":
-        decayed = before.get("schedule.decay_epochs")
-        hint = (" (schedule=cosine with decay_epochs=null decays over trainer.epochs; "
-                + (f"add schedule.decay_epochs={decayed} to train longer on the run's schedule, "
-                   f"at its final learning rate, alpha={before.get('schedule.alpha')} x "
-                   "learning_rate)" if before.get("schedule.alpha") else
-                   "its learning rate has decayed to 0 (schedule.alpha=0), so more epochs would "
-                   f"change nothing: train a new run with trainer.epochs="
-                   f"{after.get('trainer.epochs')} in another hydra.run.dir)"))
-    return (f"{run_dir.path} holds a run started with another config: {shown}{more}{hint}. "
-            "Rerun with its values to resume it (trainer.epochs and reporting keys may "
-            "differ), or choose a new hydra.run.dir")
-
-
-def _get(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return "<absent>"
-        node = node[part]
-    return node
-
-
 def _traceback_to_log_file(error: BaseException) -> None:
     """The full traceback goes to run.log only; the console gets one line."""
     text = "".join(traceback.format_exception(error))
@@ -441,4 +292,3 @@ def _traceback_to_log_file(error: BaseException) -> None:
     for handler in (*logging.getLogger().handlers, *log.handlers):
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
-

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.errors import described
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 from distlab.registry import TRACKERS
 from distlab.tracking.tracker import RunInfo, Tracker
 

@@ -11,8 +11,8 @@ A callback runs on every worker unless it is chief-only: its class says so with
 Refused before training, in one line: Keras callbacks that would fight distlab's own
 machinery (`REFUSED`: resume, the learning rate, the progress bar), `EarlyStopping`'s
 `restore_best_weights`, and a `monitor` that is not one of the run's figures or is a test
-one; a `monitor` with mode auto gets distlab's direction for it (`launch.results`). An
-exception a callback's hook raises is one line naming `callbacks.<name>` and the hook
+one; a `monitor` with mode auto gets distlab's direction for it (`distlab.records.ranking`).
+An exception a callback's hook raises is one line naming `callbacks.<name>` and the hook
 (`Callbacks`).
 """
 
@@ -25,9 +25,10 @@ import keras
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import check_callback_entry
+from distlab.config.figures import check_figure, needs_validation
 from distlab.errors import ConfigError, DistlabError, described
-from distlab.launch.results import check_figure, metric_direction, needs_validation
-from distlab.launch.run_dir import figure_columns
+from distlab.records.ranking import metric_direction
+from distlab.records.run_dir import figure_columns
 from distlab.registry import CALLBACKS
 
 log = logging.getLogger("distlab")

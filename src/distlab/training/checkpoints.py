@@ -22,7 +22,7 @@ import tensorflow as tf
 from distlab.components import models
 from distlab.distribute import multi_worker
 from distlab.errors import DistlabError, first_line
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 from distlab.training.experiment import Experiment
 
 log = logging.getLogger("distlab")

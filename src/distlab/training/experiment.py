@@ -19,11 +19,11 @@ from omegaconf import DictConfig
 
 from distlab.components import models, optimizers, schedules, tasks
 from distlab.components.tasks import Task
+from distlab.config.figures import check_objective
 from distlab.data import fingerprint, pipeline
 from distlab.data.stream import Data, is_default
 from distlab.distribute.cluster import Worker
-from distlab.launch.results import check_objective
-from distlab.launch.run_dir import RunDir
+from distlab.records.run_dir import RunDir
 from distlab.training.actions.monitors import Monitors
 from distlab.training.metrics import StatefulMetrics
 

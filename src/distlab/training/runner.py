@@ -36,8 +36,10 @@ from distlab.distribute.preemption import (
     StopRequest,
 )
 from distlab.errors import DistlabError, override
-from distlab.launch.results import TRAINED, objective_fields, with_objective_value
-from distlab.launch.run_dir import RunDir
+from distlab.records.fields import TRAINED
+from distlab.records.ranking import objective_fields
+from distlab.records.results import with_objective_value
+from distlab.records.run_dir import RunDir
 from distlab.registry import LOOPS
 from distlab.training import callbacks, experiment
 from distlab.training.checkpoints import Checkpoints, find_checkpoint, run_dir_of

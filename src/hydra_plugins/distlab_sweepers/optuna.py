@@ -30,7 +30,7 @@ class DistlabOptunaSweeper(OptunaSweeper):
     """hydra-optuna-sweeper's OptunaSweeper, except that:
 
     - `direction: auto` (distlab's default) takes the study's direction from the objective
-      (`distlab.launch.results.direction`: accuracy up, losses, times and MAE down); a direction
+      (`distlab.records.ranking`: accuracy up, losses, times and MAE down); a direction
       the user sets is kept;
     - a trial whose job completed without a value for the objective (e.g. time_to_target_s
       when the target was not reached) is logged in one line and told to Optuna as failed,
@@ -41,7 +41,8 @@ class DistlabOptunaSweeper(OptunaSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
-        from distlab.launch.results import direction, task_metrics
+        from distlab.launch.objective import task_metrics
+        from distlab.records.ranking import direction
 
         self._config = config
         impl = self.sweeper
@@ -94,7 +95,7 @@ def _job_completed(ret: Any) -> bool:
     from pathlib import Path
 
     from distlab.launch import refusals
-    from distlab.launch.run_dir import RunDir
+    from distlab.records.run_dir import RunDir
 
     try:
         run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
@@ -108,7 +109,7 @@ def _job_completed(ret: Any) -> bool:
 
 def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
     """What to change when no trial gave a value: with a target, the way that reaches it."""
-    from distlab.launch.results import metric_direction
+    from distlab.records.ranking import metric_direction
 
     target = job_cfg.trainer.target
     if target.metric is None:

@@ -13,13 +13,13 @@ from typing import Any
 
 import tensorflow as tf
 
-from distlab.launch.run_dir import RunDir, figure_columns, history_columns
+from distlab.records.run_dir import RunDir, figure_columns, history_columns
 
 log = logging.getLogger("distlab")
 
 
 class History:
-    """Records each epoch's row (see `distlab.launch.run_dir.history_columns`)."""
+    """Records each epoch's row (see `distlab.records.run_dir.history_columns`)."""
 
     def __init__(self, run_dir: RunDir, metric_names: list[str], epochs: int,
                  test: bool = False, validation: bool = True) -> None:

@@ -17,7 +17,8 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab.components.tasks import Task
-from distlab.launch.results import check_watched, metric_direction
+from distlab.config.figures import check_watched
+from distlab.records.ranking import metric_direction
 
 log = logging.getLogger("distlab")
 STOP_REASONS = ("", "target", "early_stopping", "callback")  # append only: checkpointed

@@ -1,0 +1,30 @@
+"""The `strategy` group's keys: which tf.distribute strategy, and its devices and workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from distlab.config.schema.rules import (
+    POSITIVE,
+    checked,
+    one_of,
+)
+
+
+@dataclass
+class StrategyConfig:
+    name: str = MISSING  # default | one_device | mirrored | auto | multi_worker_mirrored
+    # split the host CPU into N logical devices (no GPUs; mirrored/auto then have N replicas)
+    cpu_devices: int | None = checked(None, POSITIVE)
+    device: str | None = None  # one_device: e.g. "/gpu:0"; null: the first GPU, else the CPU
+    # multi-worker: the collective implementation
+    communication: str = checked("auto", one_of("auto", "ring", "nccl"))
+    # multi-worker: where the cluster comes from: TF_CONFIG, or SLURM (launched by srun)
+    cluster_resolver: str = checked("tf_config", one_of("tf_config", "slurm"))
+    # multi-worker: exit, the unreachable workers named, if the cluster does not form
+    connect_timeout_s: float = checked(120.0, POSITIVE)
+    # cluster_resolver=slurm: a node's tasks listen on this port, the next one, ...
+    slurm_port_base: int = checked(8888, (lambda v: 1024 <= v < 65536,
+                                          "must be a port in [1024, 65536)"))

@@ -1,0 +1,113 @@
+"""A sweep's jobs as their run directories left them: `find_jobs` finds every job under a
+sweep dir (a job the sweep refused is a failed job with its reason), and the overrides that
+set them apart (`swept_keys`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from distlab.launch import refusals
+from distlab.records.run_dir import RunDir
+
+
+@dataclass
+class Job:
+    """One job of the sweep, as its run directory left it."""
+
+    num: int
+    path: Path
+    overrides: list[str]
+    results: dict[str, Any] = field(default_factory=dict)
+    refused: bool = False  # this sweep refused it: its run dir holds another run
+
+    @property
+    def status(self) -> str:
+        return str(self.results.get("status", "missing"))
+
+    @property
+    def failed(self) -> bool:
+        return self.status != "completed"
+
+    @property
+    def error(self) -> str:
+        if self.failed and not self.results:
+            return "no results.json: the job did not finish (crashed, killed or still running)"
+        return str(self.results.get("error") or "")
+
+    def override(self, key: str) -> str | None:
+        return override_values(self.overrides).get(key)
+
+
+def find_jobs(sweep_dir: str | Path) -> list[Job]:
+    """Every job dir under `sweep_dir` (any `hydra.sweep.subdir` layout), by job number. A
+    job this sweep refused (`distlab.launch.refusals`) is a failed job with its reason and
+    its own overrides, not the earlier run its directory holds."""
+    jobs = []
+    refused = refusals.read(sweep_dir)
+    for hydra_yaml in Path(sweep_dir).glob("**/.hydra/hydra.yaml"):
+        path = hydra_yaml.parent.parent
+        if ".distlab" in path.relative_to(sweep_dir).parts:
+            continue  # a run dir's own snapshot of .hydra/
+        overrides_yaml = hydra_yaml.parent / "overrides.yaml"
+        overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []
+        job = Job(num=_job_num(hydra_yaml, path), path=path,
+                  overrides=[str(o) for o in overrides],
+                  results=RunDir(path).read_results() or {})
+        if (refusal := refused.get(str(path.resolve()))) is not None:
+            job.refused = True
+            job.overrides = refusal["overrides"] or job.overrides
+            job.results = {"status": "failed", "error": f"refused: {refusal['error']}"}
+        jobs.append(job)
+    return sorted(jobs, key=lambda j: (j.num, str(j.path)))
+
+
+def _job_num(hydra_yaml: Path, path: Path) -> int:
+    num = OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.job.num", default=None)
+    if isinstance(num, int):
+        return num
+    return int(path.name) if path.name.isdigit() else -1
+
+
+def override_values(overrides: Sequence[str]) -> dict[str, str]:
+    """{"dataset.batch_size_per_replica": "32", ...} from `key=value` overrides."""
+    values = {}
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if sep:
+            values[key.lstrip("+~")] = value
+    return values
+
+
+def swept_keys(jobs: Sequence[Job]) -> list[str]:
+    """The override keys whose values differ between jobs, in command-line order."""
+    keys: dict[str, None] = {}
+    for job in jobs:
+        keys.update(dict.fromkeys(override_values(job.overrides)))
+    return [k for k in keys if len({job.override(k) for job in jobs}) > 1]
+
+
+def common_overrides(jobs: Sequence[Job], swept: Sequence[str]) -> list[str]:
+    """The overrides every job shares (the swept ones aside)."""
+    if not jobs:
+        return []
+    return [o for o in jobs[0].overrides
+            if override_values([o]) and next(iter(override_values([o]))) not in swept]
+
+
+def parse_value(text: str | None) -> bool | int | float | str | None:
+    """An override's value as Hydra would read it (int, float, bool, null or a string)."""
+    if text is None or text == "null":
+        return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text.strip("'\"")

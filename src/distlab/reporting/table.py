@@ -1,0 +1,164 @@
+"""The sweep's table: its columns, one row per job (summary.csv) and the Markdown page
+(summary.md) with the best job by the objective."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from distlab.records.results import finite as _finite
+from distlab.reporting.jobs import Job, common_overrides, override_values
+
+LEADING = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
+           "effective_batch_size", "num_replicas", "learning_rate"]
+# steady-state examples/sec (warm-up left out) with its spread, per replica, and against
+# the 1-replica job (scaling_efficiency, when the sweep varies the replica count)
+THROUGHPUT = ["train_examples_per_sec", "train_examples_per_sec_std",
+              "train_examples_per_sec_per_replica", "scaling_efficiency"]
+TARGET = ["time_to_target_s", "epochs_to_target"]
+# the field the sweep ranks by (its name) and each job's value of it
+OBJECTIVE = ["objective", "objective_value"]
+TRAILING = [*THROUGHPUT, *TARGET, "wall_time_s", "error"]
+# the figure fields when no job reported any
+CLASSIFICATION = ["val_accuracy", "val_loss", "test_accuracy", "test_loss"]
+
+
+def figure_fields(jobs: Sequence[Job]) -> list[str]:
+    """The task's val_* then test_* results.json fields (val_accuracy, val_loss, test_accuracy,
+    test_loss for classification...), each split's primary metric first; val_* is what a
+    sweep chooses on, test_* only reports."""
+    found = list(dict.fromkeys(k for j in jobs for k in j.results
+                               if k.startswith(("val_", "test_"))))
+    if not found:
+        return CLASSIFICATION
+    out = []
+    for split in ("val_", "test_"):
+        mine = [k for k in found if k.startswith(split)]
+        out += [k for k in mine if k != f"{split}loss"] + [k for k in mine
+                                                           if k == f"{split}loss"]
+    return out
+
+
+def columns(jobs: Sequence[Job]) -> list[str]:
+    return LEADING + OBJECTIVE + figure_fields(jobs) + TRAILING
+
+
+def metrics(jobs: Sequence[Job]) -> list[str]:
+    """Numeric per-job figures: the task's validation and test fields, throughput, time to
+    target (when a job has one) and wall time."""
+    return (figure_fields(jobs) + ["train_examples_per_sec"]
+            + ["time_to_target_s"] * has_target(jobs) + ["wall_time_s"])
+
+
+def has_target(jobs: Sequence[Job]) -> bool:
+    return any("time_to_target_s" in j.results for j in jobs)
+
+
+def scaling_efficiency(jobs: Sequence[Job], swept: Sequence[str]) -> dict[int, float]:
+    """{job number: steady examples/sec / (replicas x the matching 1-replica job's)} when the
+    sweep varies the replica count. The matching job has the same swept values apart from
+    the strategy's keys (which set the replica count)."""
+    done = [j for j in jobs if not j.failed and _finite(j.results.get("train_examples_per_sec"))]
+    if len({j.results.get("num_replicas") for j in done}) < 2:
+        return {}
+    others = [k for k in swept if not k.startswith("strategy")]
+
+    def key(job: Job) -> tuple:
+        return tuple(job.override(k) for k in others)
+
+    single = {key(j): j.results["train_examples_per_sec"] for j in done
+              if j.results.get("num_replicas") == 1}
+    return {j.num: j.results["train_examples_per_sec"] / (j.results["num_replicas"]
+                                                          * single[key(j)])
+            for j in done if key(j) in single and j.results.get("num_replicas")}
+
+
+def rows(jobs: Sequence[Job], swept: Sequence[str], objective: str = "") -> list[dict[str, Any]]:
+    """One summary row per job: `columns(jobs)`, then one column per swept key. `objective`:
+    the field the sweep ranks by (empty: each job's own `objective`)."""
+    table = []
+    efficiency = scaling_efficiency(jobs, swept)
+    for job in jobs:
+        row: dict[str, Any] = {key: job.results.get(key) for key in columns(jobs)}
+        field = objective or job.results.get("objective")
+        value = job.results.get(field) if field else None
+        row.update(job=job.num, overrides=" ".join(job.overrides), status=job.status,
+                   error=job.error, scaling_efficiency=efficiency.get(job.num),
+                   objective=field or None, objective_value=value if _finite(value) else None)
+        row.update({key: job.override(key) for key in swept})
+        table.append(row)
+    return table
+
+
+def write_csv(path: Path, table: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        writer.writeheader()
+        for row in table:
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+
+
+def best_job(jobs: Sequence[Job], objective: str, maximize: bool) -> Job | None:
+    scored = [j for j in jobs if not j.failed and _finite(j.results.get(objective))]
+    pick = max if maximize else min
+    return pick(scored, key=lambda j: float(j.results[objective])) if scored else None
+
+
+def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objective: str,
+             maximize: bool) -> str:
+    """summary.md: a headline, the shared overrides and one table row per job."""
+    failed = [j for j in jobs if j.failed]
+    lines = [f"# Sweep {sweep_dir}", "",
+             f"{len(jobs)} jobs: {len(jobs) - len(failed)} completed, {len(failed)} failed."]
+    best = best_job(jobs, objective, maximize)
+    lines.append(f"Objective: `{objective}` ({'max' if maximize else 'min'}imized), each "
+                 "job's value in the column objective value.")
+    if best is not None:
+        lines.append(f"Best {objective} ({'max' if maximize else 'min'}): "
+                     f"{_cell(best.results[objective])} in job {best.num} "
+                     f"({' '.join(_swept_overrides(best, swept)) or 'no swept override'}).")
+    common = common_overrides(jobs, swept)
+    if common:
+        lines.append("Common overrides: " + " ".join(f"`{o}`" for o in common))
+    lines.append("examples/sec is the steady state (each process's warm-up left out; "
+                 "trainer.throughput), ± its standard deviation across epochs or step windows.")
+    fields = figure_fields(jobs)
+    efficiency = scaling_efficiency(jobs, swept)
+    target = has_target(jobs)
+    headers = ["job", "overrides", "status", "batch/replica", "global batch",
+               "effective batch", "replicas", "learning rate (effective)", "objective value",
+               *(f.replace("_", " ") for f in fields), "examples/sec", "per replica",
+               *(["scaling efficiency"] if efficiency else []),
+               *(["time to target (s)", "epochs to target"] if target else []),
+               "wall time (s)", "error"]
+    lines += ["", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for job in jobs:
+        r = job.results
+        rate, std = r.get("train_examples_per_sec"), r.get("train_examples_per_sec_std")
+        cells = [job.num, " ".join(_swept_overrides(job, swept)), job.status,
+                 r.get("batch_size_per_replica"), r.get("global_batch_size"),
+                 r.get("effective_batch_size"), r.get("num_replicas"), r.get("learning_rate"),
+                 r.get(objective), *(r.get(f) for f in fields),
+                 f"{_cell(rate)} ± {_cell(std)}" if _finite(std) else rate,
+                 r.get("train_examples_per_sec_per_replica"),
+                 *([efficiency.get(job.num)] if efficiency else []),
+                 *([r.get("time_to_target_s"), r.get("epochs_to_target")] if target else []),
+                 r.get("wall_time_s"), job.error]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _swept_overrides(job: Job, swept: Sequence[str]) -> list[str]:
+    values = override_values(job.overrides)
+    return [f"{k}={values[k]}" for k in swept if k in values] if swept else job.overrides
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}" if math.isfinite(value) else str(value)
+    return str(value).replace("|", "\\|").replace("\n", " ")

@@ -100,8 +100,7 @@ class KerasFitLoop(Loop):
             block = min(n - done, self.exp.model.steps_per_execution)
             self._train_function(block, iterator)(iterator)
             done += block
-        with self.exp.strategy.scope():  # cross-replica: the totals summed over replicas
-            return EpochSums(self.exp.sums, self._take_sums())
+        return EpochSums(self.exp.sums, self._take_sums())
 
     def _train_function(self, steps: int, iterator) -> Callable:
         """Keras' train function for blocks of `steps` steps (made on first use)."""
@@ -128,11 +127,14 @@ class KerasFitLoop(Loop):
         return run_block
 
     def _read_and_reset(self) -> tf.Tensor:
-        values = [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in self._sum_variables]
-        with tf.control_dependencies(values):
-            for metric in self._reset:
-                metric.reset_state()
-        return tf.stack(values)
+        """The block's sums (read in cross-replica context: summed over replicas and workers),
+        then zeroed for the next block."""
+        with self.exp.strategy.scope():
+            values = [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in self._sum_variables]
+            with tf.control_dependencies(values):
+                for metric in self._reset:
+                    metric.reset_state()
+            return tf.stack(values)
 
 
 @contextlib.contextmanager

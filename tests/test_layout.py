@@ -30,13 +30,6 @@ LAYERS = [
     ("launch", "reporting"),
     ("cli", "", "tasks", "loops", "hydra_plugins"),
 ]
-# Import circles another branch removes: TODO(lead): delete each entry once that branch is
-# merged (the data helper splits data/pipeline.py; the loop helper rewrites the controller
-# and training/loops).
-KNOWN_CIRCLES = [
-    {"distlab.data.finite", "distlab.data.pipeline"},
-    {"distlab.training.controller", "distlab.training.loops.base"},
-]
 
 
 def _modules() -> dict[str, Path]:
@@ -135,7 +128,7 @@ def test_no_module_imports_from_a_higher_layer():
 
 
 def test_no_import_circle():
-    circles = [sorted(c) for c in _circles(_graph()) if c not in KNOWN_CIRCLES]
+    circles = [sorted(c) for c in _circles(_graph())]
     assert circles == []
 
 

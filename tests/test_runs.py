@@ -125,6 +125,29 @@ def test_checkpoint_from_one_loop_restores_in_the_other(train_loop, eval_loop, r
     assert restored["test_loss"] == pytest.approx(trained["test_loss"], abs=1e-5)
 
 
+def test_keras_fit_runs_the_models_train_function_in_blocks_without_fit(run_inprocess,
+                                                                        monkeypatch, tmp_path):
+    # the Controller runs the epochs: Keras' compiled train function on blocks of 3 steps
+    # (7 steps an epoch: 3, 3, 1), never model.fit; the model's own train_step runs each step
+    import keras
+
+    def fit(*args, **kwargs):
+        raise AssertionError("model.fit called")
+
+    monkeypatch.setattr(keras.Model, "fit", fit)
+    results = run_inprocess("imports=[user_loops]", "model.name=step_counting", "loop=keras_fit",
+                            "loop.steps_per_execution=3", "trainer.steps_per_epoch=7",
+                            "strategy=default", out=tmp_path / "r")
+    assert results["status"] == "completed" and results["epochs_completed"] == 2
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(tmp_path / "r" / "checkpoints" / "ckpt-14"))
+    counted = [k for k in reader.get_variable_to_shape_map() if "steps_taken" in k]
+    iterations = [k for k in reader.get_variable_to_shape_map()
+                  if k.startswith("optimizer/") and "iteration" in k]
+    assert [int(reader.get_tensor(k)) for k in counted + iterations] == [14, 14]
+
+
 def test_checkpoint_cadence(run_inprocess, tmp_path):
     run_inprocess("trainer.epochs=5", "trainer.checkpoint_every=2", "trainer.max_checkpoints=5",
                   "trainer.steps_per_epoch=2", "trainer.validate_every=0", "strategy=default",

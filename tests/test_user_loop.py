@@ -112,6 +112,24 @@ def test_a_loop_state_item_is_checkpointed_and_resumed(run_inprocess, monkeypatc
     assert _seen(resumed_out) == _seen(whole_out)
 
 
+def test_a_block_written_before_epoch_sums_still_trains_with_a_warning(run_inprocess,
+                                                                       tmp_path):
+    # train_steps that indexes its sums and returns the vector: deprecated, the same figures
+    args = ("strategy=default", *SMALL, "trainer.epochs=1")
+    with pytest.warns(DeprecationWarning) as warned:
+        old = run_inprocess("imports=[user_loops]", "loop=custom", "loop.name=vector_block",
+                            *args, out=tmp_path / "old")
+    said = [str(w.message) for w in warned]
+    assert any("indexing a loop's train_steps result is deprecated" in m for m in said)
+    assert any("its train_steps returned a ndarray; return an EpochSums" in m for m in said)
+    plain = run_inprocess("loop=custom", *args, out=tmp_path / "plain")
+    timing = ("seconds", "examples_per_sec")
+    assert ([{k: v for k, v in r.items() if k not in timing} for r in _rows(tmp_path / "old")]
+            == [{k: v for k, v in r.items() if k not in timing}
+                for r in _rows(tmp_path / "plain")])
+    assert old["test_loss"] == plain["test_loss"]
+
+
 def _readme_loop() -> type:
     """The docs' ClipPerReplica (the training guide), registered as `clip_per_replica` (the
     caller's sandbox undoes it), clipping at 2**60: never, and exactly (the scale is

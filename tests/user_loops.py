@@ -3,7 +3,10 @@
 `clip_per_replica` clips each replica's own gradient before the all-reduce (the Controller
 gives it history, checkpoints, resume, the NaN guard, early stopping and TensorBoard);
 `counting` adds an item of its own to the checkpoint (`state()`): the examples it trained
-on, written to $USER_LOOP_OUT/seen-<worker index> after every block when that is set.
+on, written to $USER_LOOP_OUT/seen-<worker index> after every block when that is set;
+`vector_block` is a block written before `EpochSums` (deprecated, still works). The model
+`step_counting` has its own Keras `train_step`, which loop=keras_fit runs (it counts its
+steps in a variable the checkpoint holds).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import keras
 import tensorflow as tf
 
 import distlab
@@ -43,10 +47,40 @@ class Counting(CustomLoop):
 
     def train_steps(self, iterator, n):
         sums = super().train_steps(iterator, n)
-        self.seen.assign_add(sums[-1])  # the block's real examples, summed over replicas
+        self.seen.assign_add(sums.count)  # the block's real examples, summed over replicas
         if out := os.environ.get("USER_LOOP_OUT"):
             Path(out, f"seen-{self.exp.worker.index}").write_text(repr(float(self.seen.numpy())))
         return sums
+
+
+@distlab.register("loop", "vector_block")
+class VectorBlock(CustomLoop):
+    """train_steps as written before EpochSums: it indexes the block's sums and returns the
+    batch-stats vector (both deprecated, both still work)."""
+
+    def train_steps(self, iterator, n):
+        sums = super().train_steps(iterator, n)
+        assert sums[-1] > 0  # the block's real examples
+        return sums.stats.copy()
+
+
+class StepCounting(keras.Model):
+    """A model with its own train_step (Keras' own, counting the steps it runs)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps_taken = keras.Variable(0, dtype="int64", trainable=False, name="steps_taken")
+
+    def train_step(self, data):
+        self.steps_taken.assign_add(1)
+        return super().train_step(data)
+
+
+@distlab.register("model", "step_counting")
+def step_counting(cfg, input_shape, outputs):
+    inputs = keras.Input(input_shape)
+    hidden = keras.layers.Dense(16, activation="relu")(keras.layers.Flatten()(inputs))
+    return StepCounting(inputs, keras.layers.Dense(outputs)(hidden))
 
 
 @distlab.register("loop", "own_loss")

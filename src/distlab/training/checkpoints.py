@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from distlab.components import models
 from distlab.distribute import multi_worker
 from distlab.errors import DistlabError, first_line
 from distlab.records.run_dir import RunDir
+from distlab.training.epoch_sums import EpochSums
 from distlab.training.experiment import Experiment
 
 log = logging.getLogger("distlab")
@@ -32,18 +32,6 @@ EPOCH_SUMS = "epoch_sums"
 # checkpoints lack it and were numbered by their place in the schedule (epochs x
 # steps_per_epoch + steps), which is what it is set to when one of them is resumed
 TRAINED_STEPS = "trained_steps"
-
-
-def stats_size(task: Any) -> int:
-    """Length of a batch-stats vector (`Loop.batch_stats`): the loss sum, one sum per
-    per-example task metric, the count of real examples."""
-    return sum(1 for m in task.metrics if not getattr(m, "stateful", False)) + 2
-
-
-def sums_size(exp: Experiment) -> int:
-    """Length of the epoch's running sums: the batch stats' sums, then the state of the task's
-    stateful metrics (`training.metrics`)."""
-    return stats_size(exp.task) + exp.metrics.size
 
 
 class Checkpoints:
@@ -58,9 +46,9 @@ class Checkpoints:
         # steps done in epoch `epoch` (non-zero after a preemption)
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False,
                                          name="step_in_epoch")
-        # the running sums of those steps (float64), and the state of the task's stateful
-        # metrics, so a run resumed mid-epoch records the whole epoch
-        self.epoch_sums = tf.Variable(tf.zeros([sums_size(exp)], tf.float64),
+        # the running sums of those steps (`EpochSums.vector`: float64, with the state of the
+        # task's stateful metrics), so a run resumed mid-epoch records the whole epoch
+        self.epoch_sums = tf.Variable(tf.zeros([exp.sums.size], tf.float64),
                                       trainable=False, name=EPOCH_SUMS)
         # training steps taken (the Controller counts them): the checkpoints' number
         self.trained_steps = tf.Variable(0, dtype=tf.int64, trainable=False,
@@ -97,21 +85,21 @@ class Checkpoints:
         """(epochs done, steps into the next) as the counters hold them."""
         return int(self.epoch.numpy()), int(self.step_in_epoch.numpy())
 
-    def resumed_sums(self) -> np.ndarray:
+    def resumed_sums(self) -> EpochSums:
         """The running sums of the steps before a mid-epoch resume (zeros at a boundary)."""
         if self.position[1]:
-            return self.epoch_sums.numpy().astype(np.float64)
-        return np.zeros(sums_size(self.exp))
+            return self.exp.sums.from_vector(self.epoch_sums.numpy())
+        return self.exp.sums.zeros()
 
     # ---- saving
     def save(self, epochs_done: int, steps_in_epoch: int,
-             sums: np.ndarray | None = None) -> str:
+             sums: EpochSums | None = None) -> str:
         """ckpt-<training steps taken> at this step boundary, mid-epoch with the epoch's
         running `sums` (steps count batches: micro-batches under trainer.grad_accum_steps)."""
         self.epoch.assign(epochs_done)
         self.step_in_epoch.assign(steps_in_epoch)
         if steps_in_epoch and sums is not None:
-            self.epoch_sums.assign(sums)
+            self.epoch_sums.assign(sums.vector())
         else:  # an epoch boundary (or a loop that keeps no sums)
             self.epoch_sums.assign(tf.zeros_like(self.epoch_sums))
         return self.manager.save(checkpoint_number=self.steps_taken)
@@ -124,7 +112,7 @@ class Checkpoints:
     def save_again(self) -> str:
         """A checkpoint at the counters' position (after a change made after the last one)."""
         epochs_done, steps = self.position
-        return self.save(epochs_done, steps, self.epoch_sums.numpy() if steps else None)
+        return self.save(epochs_done, steps, self.resumed_sums() if steps else None)
 
     def save_best(self, epoch: int) -> None:
         """checkpoints/best/ckpt-<training steps taken>, after `epoch` (1-based) ended."""

@@ -1,13 +1,12 @@
-"""The Controller owns the epoch loop: a loop only runs steps (see `training.loops`).
+"""The Controller runs the epochs of every loop: a loop only runs steps (see `training.loops`).
 
-For each epoch it asks the loop for blocks of `loop.steps_per_call` steps and, at every
-step boundary, times them, guards against a non-finite loss, runs the profiler and stops
-at a signal or preemption with a checkpoint; at every epoch end it measures validation (and,
-with trainer.test_every, the test split, reported only),
-records the row (history.csv, TensorBoard, the summary line), updates the monitors (target,
-early stopping, best checkpoint) and saves checkpoints on their cadence. A loop that runs
-its own epochs (`keras_fit`, through `model.fit`) calls the same `epoch_begin`,
-`step_begin`, `step_end` and `epoch_end` from a Keras callback, so every loop writes the
+For each epoch it asks the loop for blocks of `loop.steps_per_call` steps
+(`loop.train_steps(iterator, n)`, which returns their `EpochSums`) and, at every step
+boundary, adds them up, times them, guards against a non-finite loss, runs the profiler and
+stops at a signal or preemption with a checkpoint; at every epoch end it measures
+validation (and, with trainer.test_every, the test split, reported only), records the row
+(history.csv, TensorBoard, the summary line), updates the monitors (target, early stopping,
+best checkpoint) and saves checkpoints on their cadence. Every loop therefore writes the
 same run dir.
 
 The same hooks drive the user's Keras callbacks (`callbacks:`, Keras' `CallbackList`) and the
@@ -26,10 +25,10 @@ import logging
 import signal
 import sys
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from distlab.distribute.preemption import Interrupted, StopRequest
@@ -39,6 +38,7 @@ from distlab.training.actions.profiler import Profiler
 from distlab.training.actions.throughput import Interval, steady_state
 from distlab.training.callbacks import Callbacks, check_monitors, has_batch_hooks, warn_resumed
 from distlab.training.checkpoints import Checkpoints
+from distlab.training.epoch_sums import EpochSums
 from distlab.training.experiment import Experiment
 
 if TYPE_CHECKING:
@@ -70,8 +70,8 @@ class Controller:
         self._position = (0, 0)  # (epochs done, steps into the next) at the last boundary
         self._mark = (0.0, 0)  # (time, steps into the epoch) at the last step boundary
         self._start, self._first = 0.0, 0  # the epoch's start: time, steps done before it
-        self._base = np.zeros(loop.num_sums)  # a resumed epoch's sums before the resume
-        self._steps_sums = np.zeros(loop.num_stats)  # the batch stats of this epoch's steps
+        self._base = exp.sums.zeros()  # a resumed epoch's sums before the resume
+        self._steps_sums = exp.sums.zeros()  # the batch stats of this epoch's steps
         check_monitors(callbacks or {}, {m.name: m.higher_is_better for m in exp.task.metrics},
                        test=bool(exp.cfg.trainer.test_every),
                        validation=exp.data.validation is not None)
@@ -103,11 +103,12 @@ class Controller:
         if initial_epoch or skip_steps:
             warn_resumed(self.callbacks.by_key, initial_epoch)
         self.callbacks.on_train_begin()
-        self.loop.run(self, initial_epoch, skip_steps)
+        self._run_epochs(initial_epoch, skip_steps)
         self.callbacks.on_train_end(self.epoch_logs(self.epochs[-1]) if self.epochs else None)
 
-    def drive(self, initial_epoch: int, skip_steps: int = 0) -> None:
-        """The epoch loop of a step-driven loop (`Loop.run`'s default)."""
+    def _run_epochs(self, initial_epoch: int, skip_steps: int) -> None:
+        """The epoch loop, the same for every loop: blocks of loop.steps_per_call steps from
+        one stream, the last block of an epoch cut to the steps it has left."""
         exp, loop = self.exp, self.loop
         steps, epochs = exp.data.steps_per_epoch, exp.cfg.trainer.epochs
         iterator = loop.train_iterator(initial_epoch, skip_steps)
@@ -117,14 +118,27 @@ class Controller:
             while done < steps:
                 n = min(loop.steps_per_call, steps - done)
                 self.step_begin(epoch, done)
-                chunk = loop.train_steps(iterator, n)
-                self._steps_sums = self._steps_sums + chunk
+                block = self._block_sums(loop.train_steps(iterator, n))
+                self._steps_sums = self._steps_sums + block
                 done += n
-                self.step_end(epoch, done, float(chunk[0]))
+                self.step_end(epoch, done, block.loss)
                 if exp.model.stop_training:  # a callback's, after a block (as model.fit)
                     break
             if self.epoch_end(epoch):  # target, early stopping, or a callback's stop
                 break
+
+    def _block_sums(self, block: Any) -> EpochSums:
+        """A block's EpochSums; a loop's own train_steps that returns the batch-stats vector
+        (before EpochSums) is converted, with a warning (deprecated)."""
+        if isinstance(block, EpochSums):
+            return block
+        if not getattr(self, "_warned_vector", False):
+            self._warned_vector = True
+            warnings.warn(f"loop.name={self.exp.cfg.loop.name!r}: its train_steps returned a "
+                          f"{type(block).__name__}; return an EpochSums (what Loop.train_steps "
+                          "returns: EpochSums(self.exp.sums, stats)); a vector goes in 0.3.0",
+                          DeprecationWarning, stacklevel=3)
+        return EpochSums(self.exp.sums, block)
 
     @property
     def shows_progress(self) -> bool:
@@ -154,23 +168,22 @@ class Controller:
         if finalize or steps_done >= self.exp.data.steps_per_epoch:
             self._bar = None  # finished: its last line ends with a newline
 
-    def running_sums(self) -> np.ndarray:
-        """The current epoch's summed batch stats so far (loss, metrics..., count), then the
-        stateful metrics' state, the steps before a mid-epoch resume included: what a
-        mid-epoch checkpoint keeps."""
-        own = self.loop.running_sums()
-        stats = self._steps_sums if own is None else own
-        return self._base + np.concatenate([stats, self.exp.metrics.train.read()])
+    def running_sums(self) -> EpochSums:
+        """The current epoch's sums so far (its blocks' batch stats, then the stateful
+        metrics' state), the steps before a mid-epoch resume included: what a mid-epoch
+        checkpoint keeps."""
+        state = EpochSums(self.exp.sums, state=self.exp.metrics.train.read())
+        return self._base + self._steps_sums + state
 
-    # ---- the hooks (also called by a loop that runs its own epochs)
+    # ---- the hooks of the epoch loop
     def epoch_begin(self, epoch: int, steps_done: int = 0) -> None:
         """Before the first step the loop runs in epoch `epoch` (after `steps_done` steps)."""
         self._start = time.time()
         self._first, self._mark = steps_done, (self._start, steps_done)
         self._base = (self.checkpoints.resumed_sums() if steps_done
-                      else np.zeros(self.loop.num_sums))
-        self._steps_sums = np.zeros(self.loop.num_stats)
-        self.exp.metrics.train.reset()  # (fit also resets its compiled metrics)
+                      else self.exp.sums.zeros())
+        self._steps_sums = self.exp.sums.zeros()
+        self.exp.metrics.train.reset()
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
         self._bar = self._progress_bar(epoch)
         self.callbacks.on_epoch_begin(epoch)
@@ -195,7 +208,7 @@ class Controller:
         self.profiler.at(epoch * self.exp.data.steps_per_epoch + steps_done)
         check_finite(loss, epoch, steps_done, self.checkpoints.latest)
         # (reading them is a cross-worker collective: every worker reads, or none)
-        figures = ({k: v for k, v in self.loop.means(self.running_sums()).items()
+        figures = ({k: v for k, v in self.running_sums().means().items()
                     if v is not None}  # an undefined running figure is left out
                    if self._read_figures else None)
         if self._batch_logs:
@@ -210,7 +223,7 @@ class Controller:
         checkpoints. True when training must end now (target with stop, early stopping)."""
         exp, train_end = self.exp, time.time()
         # the whole epoch's, resumed or not
-        figures = self.loop.means(self.running_sums(), prefix="")
+        figures = self.running_sums().means(prefix="")
         self._update_bar(self._mark[1], figures, finalize=True)  # before any line is logged
         if self._every(epoch, "validate_every") and exp.data.validation is not None:
             figures.update({f"val_{k}": v for k, v in self.loop.evaluate("validation").items()})
@@ -255,7 +268,7 @@ class Controller:
         self._stop_asked = self._stop_asked or bool(model.stop_training)
         if not self.exp.worker.multi_worker:
             return self._stop_asked
-        model.stop_training = False  # model.fit must not end this worker's epoch alone
+        model.stop_training = False  # the epoch loop must not end this worker's epoch alone
         if not epoch_end or not self.exp.cfg.get("callbacks"):  # (the same on every worker)
             return False
         from distlab.distribute.multi_worker import from_chief

@@ -25,6 +25,7 @@ from distlab.data.stream import Data, is_default
 from distlab.distribute.cluster import Worker
 from distlab.records.run_dir import RunDir
 from distlab.training.actions.monitors import Monitors
+from distlab.training.epoch_sums import SumsLayout
 from distlab.training.metrics import StatefulMetrics
 
 
@@ -40,6 +41,7 @@ class Experiment:
     schedule: Any  # a keras LearningRateSchedule, per step, shared by every loop
     task: Task  # the loss and metrics (the `task` group)
     metrics: StatefulMetrics  # the task's stateful Keras metrics, copied into the scope
+    sums: SumsLayout  # the layout of the sums the epochs' training figures are made of
     monitors: Monitors  # target, early stopping, best checkpoint (state in the checkpoint)
     run_dir: RunDir
     worker: Worker  # this process's role in a multi-worker cluster (a lone chief outside)
@@ -86,6 +88,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
     metrics = StatefulMetrics(task, strategy, sample=lambda: one_row(data, model))
     return Experiment(cfg=cfg, strategy=strategy, data=data, model=model, optimizer=optimizer,
                       schedule=schedule, task=task, metrics=metrics,
+                      sums=SumsLayout(task, metrics),
                       monitors=Monitors(cfg.trainer, task, data.validation is not None),
                       run_dir=run_dir, worker=worker, started=started, origin=origin)
 

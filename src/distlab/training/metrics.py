@@ -16,9 +16,10 @@ made at import time, outside any scope, works) into three sets:
 
 A set's state is one float64 vector (every variable, flattened, in order). Only metrics whose
 variables are all sums, zero after `reset_state()`, are accepted, so states add up: the
-Controller keeps the training state after its running sums (`Loop.means` reads both), a
-mid-epoch checkpoint saves it, and a resumed epoch adds the restored state to the state of
-its own steps (base + current, then `result()` on the reader copy).
+training state is the second part of an epoch's `training.epoch_sums.EpochSums` (after the
+batch stats; `means()` reads both), a mid-epoch checkpoint saves it, and a resumed epoch adds
+the restored state to the state of its own steps (base + current, then `result()` on the
+reader copy).
 """
 
 from __future__ import annotations

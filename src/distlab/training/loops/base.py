@@ -1,39 +1,35 @@
-"""The Loop interface: how training steps run. The Controller drives the epochs.
+"""The Loop interface: how training steps run. The Controller runs the epochs of every loop.
 
-A loop implements one replica's step, `train_step(features, labels, weights)`, returning
-`self.batch_stats(...)`, from the pieces every step needs: `compute_loss` (the row-weighted
-mean loss plus the model's own losses, scaled for the optimizer), `gradients` (unscaled) and
-`apply_gradients`, so a loop that uses them cannot drop a regularisation penalty or the
-mixed_float16 loss scale. `train_steps(iterator, n)` runs n of them inside one
-`tf.function` (a `tf.range` loop with a tensor count, as orbit does) and returns the summed
-stats, which the Controller turns into the epoch's figures. A loop may instead override
-`train_steps` (a whole block), `state()` (its own checkpointed objects) or `run()` (a loop
-that runs its own epochs, as `keras_fit` does through `model.fit`).
+A loop is `train_steps(iterator, n) -> EpochSums` (run the next n training steps of the
+distributed stream, return their summed batch stats) plus `state()` (its own checkpointed
+objects). The default `train_steps` runs n of the loop's `train_step(features, labels,
+weights)` inside one `tf.function` (a `tf.range` loop with a tensor count, as orbit does);
+a step returns `self.batch_stats(...)` and is built from the pieces every step needs:
+`compute_loss` (the row-weighted mean loss plus the model's own losses, scaled for the
+optimizer), `gradients` (unscaled) and `apply_gradients`, so a loop that uses them cannot
+drop a regularisation penalty or the mixed_float16 loss scale. A loop may override
+`train_steps` (a whole block: `keras_fit` runs Keras' compiled train function there).
 
 Evaluation is shared: every loop measures validation and test figures with the same
 distributed step (mean per-example loss and task metrics over the whole split; padding rows
 weigh 0, so the figures do not depend on the replica count). A task's stateful Keras metrics
 (`training.metrics`) are updated in the same steps: `batch_stats` updates the training set,
-evaluation its own set, and their states follow the sums (`means`).
+evaluation its own set, and their states follow the sums (`training.epoch_sums`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from distlab.data.stream import distribute
 from distlab.errors import DistlabError
-from distlab.training.checkpoints import stats_size, sums_size
+from distlab.training.epoch_sums import EpochSums
 from distlab.training.experiment import Experiment
-
-if TYPE_CHECKING:
-    from distlab.training.controller import Controller
 
 SUM = tf.distribute.ReduceOp.SUM
 log = logging.getLogger("distlab")
@@ -51,8 +47,7 @@ class Loop:
         self.exp = exp
         self.loss_fn = exp.task.loss
         cls = type(self)
-        if (cls.train_step is Loop.train_step and cls.train_steps is Loop.train_steps
-                and cls.run is Loop.run):
+        if cls.train_step is Loop.train_step and cls.train_steps is Loop.train_steps:
             raise LoopError(f"{self._name}: {cls.__name__} implements no train_step; a Loop "
                             "implements train_step(features, labels, weights) returning "
                             "self.batch_stats(labels, predictions, per_example_loss, weights)")
@@ -135,19 +130,10 @@ class Loop:
         return iter(self.distribute(
             data.train_epochs(initial_epoch, self.exp.cfg.trainer.epochs, skip_steps)))
 
-    def train_steps(self, iterator, n: int) -> np.ndarray:
-        """Run `n` training steps; their summed batch stats (loss, metrics..., count)."""
-        return self._train_n(iterator, tf.constant(n, tf.int64)).numpy()
-
-    def run(self, controller: Controller, initial_epoch: int, skip_steps: int) -> None:
-        """Train the run's remaining epochs: the Controller's epoch loop calls train_steps."""
-        controller.drive(initial_epoch, skip_steps)
-
-    def running_sums(self) -> np.ndarray | None:
-        """The current epoch's batch-stats sums, for a loop that keeps them itself (`run`
-        overridden); None: the Controller sums what train_steps returns. (The stateful
-        metrics' state is read by the Controller, from `exp.metrics.train`.)"""
-        return None
+    def train_steps(self, iterator, n: int) -> EpochSums:
+        """Run the next `n` training steps of `iterator`; their summed batch stats (the
+        stateful metrics' state is read by the Controller, from `exp.metrics.train`)."""
+        return EpochSums(self.exp.sums, self._train_n(iterator, tf.constant(n, tf.int64)))
 
     # ---- evaluation
     def evaluate(self, split: str = "test") -> dict[str, float | None]:
@@ -156,24 +142,9 @@ class Loop:
         dataset = {"test": self.exp.data.test, "validation": self.exp.data.validation}[split]
         stateful = self.exp.metrics.eval
         stateful.reset()
-        sums = self._eval_all(self.distribute(dataset)).numpy()
-        return self.means(np.concatenate([sums, stateful.read()]),
-                          prefix={"test": "test_", "validation": "val_"}[split])
-
-    def means(self, sums, prefix: str | None = None) -> dict[str, float | None]:
-        """{"loss", <metric>...} from the running sums: the summed batch stats (loss,
-        per-example metrics..., count), then the stateful metrics' state. A figure undefined
-        on these rows (AUC on one class...) is None; `prefix` ("" for an epoch's training
-        figures, "val_", "test_"): reported figures, an undefined one warned about once."""
-        stats, state = sums[:self.num_stats], sums[self.num_stats:]
-        count = stats[-1]
-        per_example = iter(stats[1:-1])
-        stateful = iter(self.exp.metrics.results(np.asarray(state, np.float64), prefix))
-        values = {"loss": float(stats[0] / count)}
-        for metric in self.exp.task.metrics:
-            values[metric.name] = (next(stateful) if metric.stateful
-                                   else float(metric.finalize(next(per_example) / count)))
-        return values
+        sums = EpochSums(self.exp.sums, self._eval_all(self.distribute(dataset)),
+                         stateful.read())
+        return sums.means(prefix={"test": "test_", "validation": "val_"}[split])
 
     # ---- distributed pieces shared by the loops
     def distribute(self, dataset: tf.data.Dataset):
@@ -184,26 +155,13 @@ class Loop:
         """Per replica, over its real rows (weight > 0): [sum of per-example loss, sum of each
         per-example metric..., number of examples], in float64 so sums do not depend on the
         split; the task's stateful metrics (training set) are updated on the same rows."""
-        return self._stats(labels, predictions, per_example_loss, weights,
-                           self.exp.metrics.train)
-
-    def _stats(self, labels, predictions, per_example_loss, weights, stateful) -> tf.Tensor:
-        real = tf.cast(weights > 0, tf.float64)
-        values = [per_example_loss] + [m.per_example(*m.inputs(labels, predictions))
-                                       for m in self.exp.task.metrics if not m.stateful]
-        sums = [tf.reduce_sum(real * tf.cast(v, tf.float64)) for v in values]
-        stateful.update(labels, predictions, weights)
-        return tf.stack([*sums, tf.reduce_sum(real)])
+        return self.exp.sums.batch_stats(labels, predictions, per_example_loss, weights,
+                                         self.exp.metrics.train)
 
     @property
     def num_stats(self) -> int:
         """Length of a batch-stats vector."""
-        return stats_size(self.exp.task)
-
-    @property
-    def num_sums(self) -> int:
-        """Length of the running sums: the batch stats, then the stateful metrics' state."""
-        return sums_size(self.exp)
+        return self.exp.sums.num_stats
 
     @property
     def _name(self) -> str:
@@ -251,8 +209,9 @@ class Loop:
 
     def _test_step(self, features, labels, weights):
         predictions = self.exp.model(features, training=False)
-        return self._stats(labels, predictions, self.loss_fn(labels, predictions), weights,
-                           self.exp.metrics.eval)
+        return self.exp.sums.batch_stats(labels, predictions,
+                                         self.loss_fn(labels, predictions), weights,
+                                         self.exp.metrics.eval)
 
     def _reduce(self, per_replica) -> tf.Tensor:
         return self.exp.strategy.reduce(SUM, per_replica, axis=None)

@@ -1,34 +1,37 @@
-"""`loop=keras_fit`: model.compile + model.fit inside the strategy scope.
+"""`loop=keras_fit`: model.compile inside the strategy scope, and Keras' compiled train function.
 
-fit gets the same per-replica rows and weights as the custom loop (`distlab.data.pipeline.
-distribute`): the compiled loss weighs the rows so a short batch averages over its real
-examples, and the history's loss and task metrics are Keras metrics over the real rows
-only (summed in float64, like the custom loop's); a task's stateful Keras metrics are
-compiled as their training set (`training.metrics.RealRows`: weight 1 per real row). fit
-runs its own epochs, so this loop overrides `Loop.run`: a Keras callback calls the
-Controller's epoch and step hooks (the adapter), and the Controller adds a resumed epoch's
-first steps, from the checkpoint, to those metrics' totals and states, so its row covers the
-whole epoch. Every epoch runs exactly
-`steps_per_epoch` steps whatever `loop.steps_per_execution` is: when the block size does not
-divide the epoch, each epoch is a fit of its own over exactly its own batches, so Keras'
-last block of the epoch stops where the data does.
+The model is compiled as for `model.fit` (the run's optimizer, the task's loss per example,
+`loop.steps_per_execution`, `loop.jit_compile`), and `train_steps` runs its
+`model.train_function` on blocks of the Controller's stream, as `fit` does inside its epoch
+loop: a block of `steps_per_execution` steps is one call, so a user model's own
+`train_step`, compile's loss scaling and distlab's Keras corrections
+(`distlab.keras_patches`) all apply. The Controller runs the epochs (as for every loop);
+a shorter block (an epoch's last when the block size does not divide it, or the first after
+a mid-epoch resume) runs a train function made for that many steps, so every epoch takes
+exactly its own batches.
+
+The train function gets the same per-replica rows and weights as the custom loop
+(`distlab.data.pipeline.distribute`): the compiled loss weighs the rows so a short batch
+averages over its real examples, and the compiled metrics add the loss and task metrics
+over the real rows only, in float64 (`RealExamplesMean`); after each block their totals
+(summed over replicas and workers) are the block's `EpochSums`, and they are reset. A
+task's stateful Keras metrics are compiled as their training set (`training.metrics.
+RealRows`: weight 1 per real row), which the Controller reads and resets as for every loop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Callable, Iterator
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from distlab.errors import DistlabError
 from distlab.keras_patches import fixes as keras_fixes
+from distlab.training.epoch_sums import EpochSums
 from distlab.training.loops.base import Loop
 from distlab.training.metrics import RealRows
-
-if TYPE_CHECKING:
-    from distlab.training.controller import Controller
 
 
 class RealExamplesMean(keras.metrics.MeanMetricWrapper):
@@ -44,34 +47,6 @@ class RealExamplesMean(keras.metrics.MeanMetricWrapper):
 def _per_example(metric):
     """A per-example metric's function of (y_true, y_pred), its `prepare` applied."""
     return lambda y, p: metric.per_example(*metric.inputs(y, p))
-
-
-class _EpochCallback(keras.callbacks.Callback):
-    """The adapter: fit's epoch and batch hooks call the Controller's (NaN guard, preemption,
-    validation, history row, scalars, monitors, checkpoints, the user's callbacks and the
-    progress bar). fit draws nothing itself (verbose=0)."""
-
-    def __init__(self, controller: Controller, steps: int, skip_steps: int = 0) -> None:
-        super().__init__()
-        self.controller, self.steps, self.skip_steps = controller, steps, skip_steps
-        self._epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-        self.controller.epoch_begin(epoch, self.skip_steps)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.controller.step_begin(self._epoch, self.skip_steps + batch)
-
-    def on_train_batch_end(self, batch, logs=None):
-        steps = min(batch + 1, self.steps)  # a last block may run fewer steps
-        loss = float((logs or {}).get("loss", 0.0))
-        self.controller.step_end(self._epoch, self.skip_steps + steps, loss)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.controller.epoch_end(epoch):  # target, early stopping, or a callback's stop
-            self.model.stop_training = True
-        self.skip_steps = 0
 
 
 class KerasFitLoop(Loop):
@@ -93,7 +68,7 @@ class KerasFitLoop(Loop):
                 "loop.steps_per_execution=1, or loop=custom with loop.steps_per_loop")
         task = exp.task
         with exp.strategy.scope():
-            # float64 sums, as Loop._batch_stats: a resumed epoch adds up to the same figures
+            # float64 sums, as SumsLayout.batch_stats: a resumed epoch adds up to the same figures
             self._metrics = [RealExamplesMean(task.loss, name="example_loss", dtype="float64"),
                              *(RealExamplesMean(_per_example(m), name=m.name, dtype="float64")
                                for m in task.metrics if not m.stateful)]
@@ -110,41 +85,74 @@ class KerasFitLoop(Loop):
         # model saved whole (a callback's ModelCheckpoint to .keras) carries no compile config,
         # as in loop=custom, which does not compile (`Model.get_compile_config` then is {})
         del exp.model._compile_config
+        # a block's sums: these totals, reset after each block (with Keras' own loss mean)
+        fit, tracker = self._metrics, getattr(exp.model, "_loss_tracker", None)
+        self._sum_variables = [fit[0].total, *(m.total for m in fit[1:]), fit[0].count]
+        self._reset = [*fit, *([tracker] if tracker is not None else [])]
+        self._take_sums = tf.function(self._read_and_reset)
+        self._functions: dict[int, Callable] = {}  # train functions by block size
 
-    def running_sums(self) -> np.ndarray:
-        """The sums of the steps this fit epoch ran: the compiled metrics' totals (the fit
-        resets them each epoch), read across replicas (and workers: every worker reads).
-        The stateful metrics' state: the Controller reads `exp.metrics.train`."""
-        loss = self._metrics[0]
-        fit = [loss.total, *(m.total for m in self._metrics[1:]), loss.count]
-        return np.array([float(v.numpy()) for v in fit])
+    def train_steps(self, iterator, n: int) -> EpochSums:
+        """Run the next `n` steps of `iterator` through Keras' compiled train function (in
+        blocks of at most `loop.steps_per_execution`); their summed batch stats."""
+        done = 0
+        while done < n:
+            block = min(n - done, self.exp.model.steps_per_execution)
+            self._train_function(block, iterator)(iterator)
+            done += block
+        return EpochSums(self.exp.sums, self._take_sums())
 
-    def run(self, controller: Controller, initial_epoch: int, skip_steps: int = 0) -> None:
-        epochs, steps = self.exp.cfg.trainer.epochs, self.exp.data.steps_per_epoch
-        block = self.exp.cfg.loop.steps_per_execution
-        if skip_steps:  # resumed mid-epoch: finish that epoch first, in a fit of its own
-            self._fit(controller, initial_epoch, initial_epoch + 1, skip_steps)
-            initial_epoch += 1
-            if controller.finished:
-                return
-        if block > 1 and steps % block:  # blocks straddle epochs: one fit per epoch
-            for epoch in range(initial_epoch, epochs):
-                if controller.finished:
-                    break
-                self._fit(controller, epoch, epoch + 1)
-        elif initial_epoch < epochs and not controller.finished:
-            self._fit(controller, initial_epoch, epochs)
+    def _train_function(self, steps: int, iterator) -> Callable:
+        """Keras' train function for blocks of `steps` steps (made on first use)."""
+        if steps in self._functions:
+            return self._functions[steps]
+        model = self.exp.model
+        if not self._functions:  # as fit does first: build the metrics and loss in the scope
+            model._maybe_symbolic_build(data_batch=_first_replica(iterator.element_spec))
+        if steps == model.steps_per_execution:
+            model.make_train_function()
+            self._functions[steps] = model.train_function
+            return model.train_function
+        function, full = None, model.train_function
+        with _steps_per_execution(model, steps):
+            model.make_train_function(force=True)
+            function = model.train_function
+        model.train_function = full
 
-    def _fit(self, controller: Controller, first: int, end: int, skip_steps: int = 0) -> None:
-        """fit epochs [first, end) on exactly their batches (`first` minus `skip_steps`)."""
-        exp = self.exp
-        steps = exp.data.steps_per_epoch
-        exp.model.fit(
-            self.distribute(exp.data.train_epochs(first, end, skip_steps)),
-            epochs=end,
-            initial_epoch=first,
-            steps_per_epoch=steps - skip_steps if end == first + 1 else steps,
-            callbacks=[_EpochCallback(controller, steps - skip_steps, skip_steps)],
-            verbose=0,  # the Controller draws the progress bar, as for every loop
-            shuffle=False,  # the stream is already shuffled per epoch (see distlab.data)
-        )
+        def run_block(data):  # traced (on its first call) and run with its own block size
+            with _steps_per_execution(model, steps):
+                return function(data)
+
+        self._functions[steps] = run_block
+        return run_block
+
+    def _read_and_reset(self) -> tf.Tensor:
+        """The block's sums (read in cross-replica context: summed over replicas and workers),
+        then zeroed for the next block."""
+        with self.exp.strategy.scope():
+            values = [tf.cast(tf.convert_to_tensor(v), tf.float64) for v in self._sum_variables]
+            with tf.control_dependencies(values):
+                for metric in self._reset:
+                    metric.reset_state()
+            return tf.stack(values)
+
+
+@contextlib.contextmanager
+def _steps_per_execution(model: keras.Model, steps: int) -> Iterator[None]:
+    """`model.steps_per_execution` set to `steps` (Keras reads it while tracing)."""
+    full = model.steps_per_execution
+    model.steps_per_execution = steps
+    try:
+        yield
+    finally:
+        model.steps_per_execution = full
+
+
+def _first_replica(spec):
+    """A distributed element spec as one replica's (what Keras' symbolic build needs: the
+    shapes and dtypes of a batch)."""
+    def first(value):
+        specs = getattr(value, "_value_specs", None)  # a PerReplicaSpec
+        return specs[0] if specs else value
+
+    return tf.nest.map_structure(first, spec)

@@ -131,15 +131,17 @@ def coordinate(config: DictConfig, on_end: Callable[[], None] | None = None) -> 
     folder = Path(tempfile.mkdtemp(prefix="distlab-sweep-"))
     os.environ[JOBS_DIR] = str(folder)
     _sweep = sweep = _Sweep(folder, on_end)
+    joblib = "joblib" in target
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # nohup, `&`: stays ignored
-        _start_resource_trackers()  # they unblock SIGINT in the thread that starts them
+        _start_resource_trackers(joblib)  # they unblock SIGINT in the thread that starts them
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         threading.Thread(target=_take_sigint, args=(sweep,), daemon=True,
                          name="distlab-sweep-sigint").start()
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, lambda n, frame: sweep.stop(n))
-    _before_joblib_kills()
+    if joblib:
+        _before_joblib_kills()
 
 
 def _take_sigint(sweep: _Sweep) -> None:
@@ -147,13 +149,15 @@ def _take_sigint(sweep: _Sweep) -> None:
         sweep.stop(signal.sigwait({signal.SIGINT}))
 
 
-def _start_resource_trackers() -> None:
+def _start_resource_trackers(joblib: bool) -> None:
     """multiprocessing's resource tracker unblocks SIGINT in the thread that starts it:
     started now, before SIGINT is blocked, it is not started again by the launcher."""
     with contextlib.suppress(Exception):
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
+    if not joblib:
+        return
     with contextlib.suppress(Exception):
         from joblib.externals.loky.backend import resource_tracker as loky_tracker
 
@@ -178,6 +182,16 @@ def _before_joblib_kills() -> None:
 
     stop_jobs_then_kill.distlab = True  # type: ignore[attr-defined]
     _ExecutorManagerThread.kill_workers = stop_jobs_then_kill
+
+
+class Stopped(Exception):  # noqa: N818 - the sweep's stop, as KeyboardInterrupt is
+    """Raised in the sweep's process by a sweeper that would start more jobs after a stop;
+    `broken` ends the sweep as the signal asks."""
+
+
+def stopping() -> bool:
+    """In the sweep's process: whether a signal has stopped the sweep (start no more jobs)."""
+    return _sweep is not None and bool(_sweep.signals)
 
 
 def coordinated() -> bool:
@@ -214,9 +228,11 @@ def broken(error: BaseException) -> int | None:
     sweep.stop_and_wait()
     what = (f"the process of {' and '.join(sweep.dead)} ended without finishing" if sweep.dead
             else "its launcher failed")
-    sweep.ending = sweep.ending or Ending(
-        1, f"sweep failed: {what} ({described(error)}); the other running jobs stopped with "
-        "a checkpoint (results.json interrupted): rerun the same command to resume them")
+    if sweep.ending is None and not sweep.signals:  # (after a signal: as the signal ends it)
+        sweep.ending = Ending(
+            1, f"sweep failed: {what} ({described(error)}); the other running jobs stopped "
+            "with a checkpoint (results.json interrupted): rerun the same command to resume "
+            "them")
     if sweep.on_end is not None:
         sweep.on_end()  # raises SystemExit with the status
     ending = end()

@@ -226,13 +226,12 @@ def broken(error: BaseException) -> int | None:
     if sweep is None:
         return None
     sweep.stop_and_wait()
-    what = (f"the process of {' and '.join(sweep.dead)} ended without finishing" if sweep.dead
-            else "its launcher failed")
+    what = (f"the process of {' and '.join(sweep.dead)} died without finishing (killed, or "
+            "out of memory)" if sweep.dead else f"its launcher failed ({described(error)})")
     if sweep.ending is None and not sweep.signals:  # (after a signal: as the signal ends it)
         sweep.ending = Ending(
-            1, f"sweep failed: {what} ({described(error)}); the other running jobs stopped "
-            "with a checkpoint (results.json interrupted): rerun the same command to resume "
-            "them")
+            1, f"sweep failed: {what}; the other running jobs stopped with a checkpoint "
+            "(results.json interrupted): rerun the same command to resume them")
     if sweep.on_end is not None:
         sweep.on_end()  # raises SystemExit with the status
     ending = end()

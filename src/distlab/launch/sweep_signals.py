@@ -83,8 +83,12 @@ class _Sweep:
         with self.lock:
             self.signals.append(signum)
             if len(self.signals) == 1:
-                (self.folder / STOP).write_text(str(signum))
+                self.mark_stopped()
             self.ask(times=len(self.signals))
+
+    def mark_stopped(self) -> None:
+        with contextlib.suppress(OSError):  # (the sweep has ended: nothing to stop)
+            (self.folder / STOP).write_text("")
 
     def ask(self, pids: set[int] | None = None, times: int = 1) -> None:
         """SIGTERM to each running job (those in `pids`) until it has had `times` of them."""
@@ -97,7 +101,7 @@ class _Sweep:
     def stop_and_wait(self, pids: set[int] | None = None) -> None:
         """Ask the running jobs (those in `pids`) to stop, then wait until they have ended."""
         self.note_dead()
-        (self.folder / STOP).write_text("")
+        self.mark_stopped()
         self.ask(pids, times=max(1, len(self.signals)))
         deadline = time.monotonic() + WAIT_S
         while any(pids is None or pid in pids for pid, _ in running(self.folder, live=True)):
@@ -202,7 +206,8 @@ def coordinated() -> bool:
 def end() -> Ending | None:
     """In the sweep's process, once its launcher has returned (or failed): how the sweep
     ended, if a signal or a dead job process ended it (None: it ran to its end)."""
-    sweep = _sweep
+    global _sweep
+    sweep, _sweep = _sweep, None
     if sweep is None:
         return None
     os.environ.pop(JOBS_DIR, None)
@@ -233,10 +238,10 @@ def broken(error: BaseException) -> int | None:
             1, f"sweep failed: {what}; the other running jobs stopped with a checkpoint "
             "(results.json interrupted): rerun the same command to resume them")
     if sweep.on_end is not None:
-        sweep.on_end()  # raises SystemExit with the status
-    ending = end()
-    log.error(ending.message if ending else described(error))
-    return ending.status if ending else 1
+        sweep.on_end()  # ends the sweep: SystemExit with the status
+    ending = end() or Ending(1, f"sweep failed: {what}")
+    log.error(ending.message)
+    return ending.status
 
 
 # --------------------------------------------------------------------------- a job
@@ -260,13 +265,15 @@ def run_job(work: Callable[[], T], job: Any, run_dir: str | Path) -> T | None:
 
     previous = signal.signal(signal.SIGTERM, not_started)
     entry = folder_path / f"{ENTRY}{os.getpid()}"
+    done = None
     try:
         entry.write_text(json.dumps({"job": job, "run_dir": str(run_dir)}))
         if (folder_path / STOP).exists():  # stopped while registering: not started
             return None
-        return work()
-    except Signalled:
-        return None
+        done = work()
+        return done
+    except Signalled:  # before the job took its signals (or after it ended: its result)
+        return done
     finally:
         running_now = False
         with _locked(entry) as held:  # a stop the sweep sends from now on is not for us

@@ -25,7 +25,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 EXPIRY_S = 300  # the sweep's processes are killed after this
 PATHS = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}  # gate
 LAUNCHERS = {"submitit_local": ["hydra.launcher.timeout_min=10"],
-             "joblib": ["hydra.launcher.n_jobs=2"]}
+             "joblib": ["hydra.launcher.n_jobs=2"],
+             "joblib_in_process": ["hydra.launcher.n_jobs=1"]}  # the jobs in the sweep's process
 
 
 class Sweep:
@@ -76,7 +77,7 @@ class Sweep:
 
 
 def _args(tiny_data_dir: Path, sweep_dir: Path, launcher: str, store: str) -> list[str]:
-    return ["-m", *fast_overrides(tiny_data_dir), f"hydra/launcher={launcher}",
+    return ["-m", *fast_overrides(tiny_data_dir), f"hydra/launcher={launcher.split('_in_')[0]}",
             *LAUNCHERS[launcher], "loop=custom", "strategy=default", "model=mlp",
             "model.hidden_units=[8]", "trainer.epochs=1", "trainer.steps_per_epoch=6",
             "imports=[gate]", "logger=mlflow", f"logger.tracking_uri={store}", "seed=1,2",
@@ -173,3 +174,25 @@ def test_a_killed_joblib_job_stops_its_sibling_with_a_checkpoint(tiny_data_dir, 
     assert (sibling / "checkpoints" / "checkpoint").exists()
     rows = (sweep_dir / "summary.csv").read_text().splitlines()
     assert len(rows) == 3, rows
+
+
+def test_ctrl_c_of_a_joblib_sweep_in_one_process_starts_no_more_jobs(tiny_data_dir, tmp_path):
+    """hydra.launcher.n_jobs=1 runs the jobs one after another in the sweep's own process:
+    Ctrl-C during job 0 stops it with a checkpoint, and job 1 is not started; the summary
+    lists both, and the sweep exits 130 with one line."""
+    sweep_dir, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = _args(tiny_data_dir, sweep_dir, "joblib_in_process", store)
+    with Sweep(args, tmp_path / "gate") as sweep:
+        sweep.jobs_at_gate(count=1)
+        os.killpg(sweep.proc.pid, signal.SIGINT)
+        returncode, output = sweep.finish()
+    assert returncode == 128 + signal.SIGINT, output[-4000:]
+    _one_line(output, "sweep stopped by")
+    cut = _results(sweep_dir / "0")
+    assert (cut["status"], cut["steps_in_epoch"]) == ("interrupted", 3), cut
+    assert not (sweep_dir / "1" / "results.json").exists()
+    assert not (sweep_dir / "1" / "run.log").exists() or "time to first step" not in (
+        sweep_dir / "1" / "run.log").read_text()
+    rows = (sweep_dir / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3 and ",interrupted," in rows[1] and ",missing," in rows[2], rows
+    assert _mlflow_statuses(store) == (["KILLED"], ["KILLED"])

@@ -63,6 +63,8 @@ def hydra_job(cfg: DictConfig) -> float | None:
     # a signal ends an in-process sweep here; a coordinated one ends in the sweep's process
     if results.interrupted and not sweep_signals.coordinated():
         sys.exit(results.exit_code)
+    if results.interrupted:
+        sweep_signals.job_interrupted(results.exit_code - 128)
     return results.objective
 
 

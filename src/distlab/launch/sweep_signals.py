@@ -198,6 +198,13 @@ def stopping() -> bool:
     return _sweep is not None and bool(_sweep.signals)
 
 
+def job_interrupted(signum: int) -> None:
+    """A job stopped by signal `signum`: in the sweep's own process (joblib with n_jobs=1
+    runs its jobs there), the signal was the sweep's, so no job starts from now on."""
+    if _sweep is not None and not _sweep.signals:
+        _sweep.stop(signum)
+
+
 def coordinated() -> bool:
     """Whether this process runs a job of (or is) a sweep that coordinates its stops."""
     return bool(os.environ.get(JOBS_DIR))

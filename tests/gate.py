@@ -6,10 +6,15 @@ Set in the environment:
   before the step's end is handled: its stop check, its callbacks) or `stage:NAME` (once
   the job's stage NAME has begun: `final evaluation`, `export`, ...; see
   distlab.distribute.preemption).
-- DISTLAB_TEST_GATE_DIR: the gate writes `reached` there, then waits until the test has
-  written `released` (after sending its signal). A signal that cuts the stage short ends
-  the wait as it ends the stage.
+- DISTLAB_TEST_GATE_DIR: the gate writes `reached` (and `reached.<pid>`) there, then waits
+  until the test has written `released` (after sending its signal). A signal that cuts the
+  stage short ends the wait as it ends the stage; at a step, the job's stop request (a
+  signal it was sent) ends it too.
 - DISTLAB_TEST_STEP_SLEEP (optional): seconds every step's end sleeps: a slow machine.
+
+A sweep's job processes (hydra/launcher=joblib, submitit_local) are gated too when the
+sweep is given `imports=[gate]` and PYTHONPATH holds this directory: each job process
+imports this module, which then installs the gate.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ sys.path.insert(0, str(ROOT / "src"))
 EXPIRY_S = 300  # a gate never released (its test died) ends the run
 
 
-def wait_at_gate(folder: Path) -> None:
-    """Say the gate is reached, then wait for the test's release."""
+def wait_at_gate(folder: Path, stopped=lambda: False) -> None:
+    """Say the gate is reached, then wait for the test's release (or, at a step, until the
+    job has been asked to stop: `stopped()`)."""
+    (folder / f"reached.{os.getpid()}").write_text("")
     (folder / "reached").write_text(str(os.getpid()))
     expiry = time.monotonic() + EXPIRY_S
-    while not (folder / "released").exists():
+    while not (folder / "released").exists() and not stopped():
         if time.monotonic() > expiry:
             raise RuntimeError("test gate: never released")
         time.sleep(0.01)
@@ -48,7 +55,7 @@ def install() -> None:
         if pause:
             time.sleep(pause)
         if kind == "step" and f"{epoch}:{steps_done}" == where:
-            wait_at_gate(Path(folder))
+            wait_at_gate(Path(folder), lambda: bool(self.stop))
         step_end(self, epoch, steps_done, loss)
 
     def gated_begin(self, stage: str, polled: bool = False) -> None:
@@ -59,6 +66,9 @@ def install() -> None:
     Controller.step_end = gated_step_end
     StopRequest.begin = gated_begin
 
+
+if __name__ == "gate" and os.environ.get("DISTLAB_TEST_GATE"):  # imports=[gate] in a job
+    install()
 
 if __name__ == "__main__":
     install()

@@ -7,6 +7,7 @@ Importing this module does not import TensorFlow, so `--cfg job` and `--help` st
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -23,6 +24,7 @@ from distlab.errors import composition_error  # noqa: E402
 from distlab.records.run_dir import check_output_dir_args  # noqa: E402
 
 PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
+log = logging.getLogger("distlab")
 
 
 def hydra_job(cfg: DictConfig) -> float | None:
@@ -30,7 +32,8 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
     The only place a job ends the process: a single run exits with the job's status when it
     did not complete; in a sweep a failed job is recorded and the sweep goes on, and a
-    signal (SIGTERM, Ctrl-C) ends the sweep."""
+    signal (SIGTERM, Ctrl-C) ends the sweep (under joblib or submitit_local, in the sweep's
+    own process: `distlab.launch.sweep_signals`)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -38,17 +41,30 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
-    if multirun:  # a job process of its own (joblib, submitit_local) stops if the sweep dies
-        from distlab.launch import sweep_parent
+    if not multirun:
+        results = run(cfg, hydra_cfg.runtime.output_dir, origin=process_started())
+        if results.exit_code:
+            sys.exit(results.exit_code)
+        return results.objective
+    from distlab.launch import sweep_parent, sweep_signals
 
-        sweep_parent.stop_when_orphaned()
-    results = run(cfg, hydra_cfg.runtime.output_dir, multirun=multirun,
-                  sweep_dir=hydra_cfg.sweep.dir if multirun else None,
-                  origin=None if multirun else process_started())
-    if multirun:
-        sweep_parent.exit_if_orphaned(results.exit_code)
-    if results.exit_code and (results.interrupted or not multirun):
+    # a job process of its own (joblib, submitit_local) stops if the sweep dies, and when
+    # the sweep's process asks it to (Ctrl-C or SIGTERM of the sweep)
+    sweep_parent.stop_when_orphaned()
+    output_dir = hydra_cfg.runtime.output_dir
+    results = sweep_signals.run_job(
+        lambda: run(cfg, output_dir, multirun=True, sweep_dir=hydra_cfg.sweep.dir),
+        hydra_cfg.job.num, output_dir)
+    if results is None:  # the sweep is stopping
+        log.info("job %s not started: the sweep is stopping", hydra_cfg.job.num)
+        sweep_parent.exit_if_orphaned(0)
+        return None
+    sweep_parent.exit_if_orphaned(results.exit_code)
+    # a signal ends an in-process sweep here; a coordinated one ends in the sweep's process
+    if results.interrupted and not sweep_signals.coordinated():
         sys.exit(results.exit_code)
+    if results.interrupted:
+        sweep_signals.job_interrupted(results.exit_code - 128)
     return results.objective
 
 
@@ -90,5 +106,12 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {composition_error(e)}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:  # a process launcher's error (a job's process died): one line
+        from distlab.launch import sweep_signals
+
+        status = sweep_signals.broken(e)
+        if status is None:
+            raise
+        sys.exit(status)
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)

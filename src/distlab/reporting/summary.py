@@ -33,7 +33,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from distlab.launch import refusals, sweep_parent
+from distlab.launch import refusals, sweep_parent, sweep_signals
 from distlab.records.ranking import maximizes
 from distlab.reporting.hparams import HPARAMS_SUFFIX, write_hparams
 from distlab.reporting.jobs import (
@@ -83,6 +83,9 @@ class SweepSummary(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         refusals.start_sweep()  # the jobs it refuses are recorded under its own id
         sweep_parent.mark_sweep_process()  # its job processes stop if it dies
+        # Ctrl-C/SIGTERM (or a dead job process) of a process launcher's sweep: its
+        # running jobs checkpoint, then this ends it
+        sweep_signals.coordinate(config, on_end=lambda: self.on_multirun_end(config))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.core.utils import configure_log
@@ -93,10 +96,15 @@ class SweepSummary(Callback):
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
                                 maximize=_maximize(config, find_jobs(sweep_dir)))
         summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
+        ending = sweep_signals.end()  # stopped by a signal, or a job's process died
         tracking.finish_sweep(config, sweep_dir, len(failed),
                               [path for path in summaries if path.exists()],
                               refused=[(j.path, " ".join(j.overrides), j.error)
-                                       for j in failed if j.refused])
+                                       for j in failed if j.refused],
+                              interrupted=ending is not None and ending.signum is not None)
+        if ending is not None:
+            log.error("%s; see %s", ending.message, sweep_dir / "summary.md")
+            raise SystemExit(ending.status)
         if failed and self.fail_on_error:
             log.error("sweep failed: %d job(s) failed (%s); see %s", len(failed),
                       ", ".join(f"job {j.num}: {_first_line(j.error)}" for j in failed),

@@ -186,7 +186,8 @@ class MlflowTracker(Tracker):
         created = self.client.create_run(experiment_id, run_name=run.name[:MAX_NAME], tags=tags)
         self.client.set_terminated(created.info.run_id, "FAILED")
 
-    def finish_sweep(self, sweep_dir: Path, failed: int, files: list[Path]) -> None:
+    def finish_sweep(self, sweep_dir: Path, failed: int, files: list[Path],
+                     interrupted: bool = False) -> None:
         with _sweep_state(sweep_dir) as state:
             parent = state.get(self.uri, {}).get("run_id")
         if not parent:
@@ -195,7 +196,8 @@ class MlflowTracker(Tracker):
             self.client.log_artifact(parent, str(path))
         if failed:
             self.client.set_tag(parent, "distlab.failed_jobs", str(failed))
-        self.client.set_terminated(parent, "FAILED" if failed else "FINISHED")
+        self.client.set_terminated(parent, "KILLED" if interrupted else
+                                   "FAILED" if failed else "FINISHED")
 
 
 @contextlib.contextmanager

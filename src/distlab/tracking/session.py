@@ -165,16 +165,19 @@ def _key(override: str) -> str:
 
 
 def finish_sweep(cfg: DictConfig, sweep_dir: Path, failed: int, files: list[Path],
-                 refused: list[tuple[Path, str, str]] = ()) -> None:
+                 refused: list[tuple[Path, str, str]] = (), interrupted: bool = False) -> None:
     """The sweep's tracker records the jobs it refused ((run dir, name, reason): a failed
-    run each) and closes its parent run (guarded as a job's calls are)."""
+    run each) and closes its parent run (guarded as a job's calls are); `interrupted`: a
+    signal stopped the sweep."""
     try:
         tracker = build(cfg)
         if tracks(tracker):
             for run_dir, name, reason in refused:
                 tracker.refused(RunInfo(Path(run_dir).resolve(), name,
                                         sweep_dir=Path(sweep_dir).resolve()), reason)
-            tracker.finish_sweep(Path(sweep_dir).resolve(), failed, files)
+            # only when true: a tracker written before the argument existed still closes the run
+            stopped = {"interrupted": True} if interrupted else {}
+            tracker.finish_sweep(Path(sweep_dir).resolve(), failed, files, **stopped)
     except Exception as e:  # noqa: BLE001 - never fails the sweep's summary
         log.warning("logger=%s: closing the sweep's run failed (%s)",
                     OmegaConf.select(cfg, "logger.name"), described(e))

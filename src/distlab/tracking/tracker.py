@@ -59,6 +59,8 @@ class Tracker:
         live run): record it as a failed run with `reason` (called in the sweep's own
         process, before `finish_sweep`; `run.state` is empty)."""
 
-    def finish_sweep(self, sweep_dir: Path, failed: int, files: list[Path]) -> None:
+    def finish_sweep(self, sweep_dir: Path, failed: int, files: list[Path],
+                     interrupted: bool = False) -> None:
         """A sweep ended (in the sweep's own process, after its jobs and its summary):
-        `failed` jobs failed; `files` are its summary files."""
+        `failed` jobs failed; `files` are its summary files; `interrupted`: a signal
+        (Ctrl-C, SIGTERM) stopped it (passed only when true)."""

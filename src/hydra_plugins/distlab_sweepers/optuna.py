@@ -36,7 +36,9 @@ class DistlabOptunaSweeper(OptunaSweeper):
       when the target was not reached) is logged in one line and told to Optuna as failed,
       so the sampler never sees an invented value;
     - when no trial completed, it writes the sweep summary and exits 1 with one line saying
-      why, instead of Optuna's `ValueError: No trials are completed yet` traceback.
+      why, instead of Optuna's `ValueError: No trials are completed yet` traceback;
+    - after Ctrl-C or SIGTERM of a search whose trials run in processes of their own
+      (`distlab.launch.sweep_signals`), it starts no more trials.
     """
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
@@ -58,6 +60,10 @@ class DistlabOptunaSweeper(OptunaSweeper):
         launch = launcher.launch
 
         def launch_and_explain(job_overrides: Any, initial_job_idx: int) -> Any:
+            from distlab.launch import sweep_signals
+
+            if sweep_signals.stopping():  # Ctrl-C/SIGTERM of the search: no more trials
+                raise sweep_signals.Stopped("the search was stopped by a signal")
             returns = launch(job_overrides, initial_job_idx=initial_job_idx)
             for num, ret in enumerate(returns, start=initial_job_idx):
                 if ret.return_value is None and _job_completed(ret):

@@ -22,6 +22,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
 
 
+def test_pyproject_lists_every_package_of_the_source_tree():
+    """pyproject.toml names the packages one by one (conf/ is mapped to `distlab.conf`): a
+    sub-package missing there is missing from the wheel, and `import distlab` fails."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT / "src").parts)
+             for p in (ROOT / "src").rglob("__init__.py") if "__pycache__" not in p.parts}
+    assert found | {"distlab.conf"} == listed
+
+
 def _built_wheel(tmp_path: Path) -> Path:
     """Build the wheel from a clean copy, so the checkout gets no build/ or egg-info."""
     pytest.importorskip("setuptools", reason="the offline build needs setuptools (.[dev])")

@@ -45,21 +45,26 @@ def results_fields() -> tuple[tuple[Any, ...], dict[str, str], str]:
     one place the docs read them from."""
     from distlab.records import fields as records  # the records layer
 
-    return tuple(records.FIELDS), getattr(records, "WRITTEN_BY", {}), records.__name__
+    return records.FIELDS, records.WRITTEN_BY, records.__name__
+
+
+DIRECTIONS = {"max": "up", "min": "down", "metric": "its metric's way",
+              "best": "as checkpoints/best's metric", None: "\u2014"}
 
 
 def results_table() -> str:
     fields, written_by, where = results_fields()
-    extra = [a for a in ("type", "direction") if any(hasattr(f, a) for f in fields)]
-    head = ["field", "written by", *extra, "what it holds"]
-    rows = []
-    for field in fields:
-        when = getattr(field, "when", "")
-        doc = field.doc + (" (may be the `objective`)" if getattr(field, "objective", False)
-                           else "")
-        rows.append([f"`{field.name}`", written_by.get(when, when),
-                     *[_text(getattr(field, a, "")) for a in extra], doc])
-    return f"Generated from `{where}.FIELDS`.\n\n" + _table(head, rows)
+    head = ["field", "written by", "type", "ranks", "what it holds"]
+    rows = [[f"`{field.name}`", written_by[field.when], _text(field.type),
+             DIRECTIONS[field.direction],
+             field.doc + (" (may be the `objective`)" if field.objective else "")]
+            for field in fields]
+    legend = ("*ranks*: which way a field ranks where something chooses by it (the sweep "
+              "summary's best job, a sweeper, a monitor's `mode: auto`): up, down, its "
+              "metric's way (a loss down, a task metric as its `higher_is_better` says), as "
+              "the metric `checkpoints/best` follows, or \u2014 (a setting or a label: it "
+              "does not rank).")
+    return f"Generated from `{where}.FIELDS`.\n\n{legend}\n\n" + _table(head, rows)
 
 
 # ----------------------------------------------------------------------- configuration

@@ -57,5 +57,5 @@ def test_indexing_the_sums_as_the_old_vector_is_deprecated():
     from distlab.training.epoch_sums import EpochSums
 
     sums = EpochSums(_layout("task=classification"), [6.0, 3.0, 4.0])
-    with pytest.warns(DeprecationWarning, match="use .loss, .count, .stats or .means()"):
+    with pytest.warns(FutureWarning, match="use .loss, .count, .stats or .means()"):
         assert sums[-1] == 4.0

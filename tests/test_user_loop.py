@@ -116,7 +116,7 @@ def test_a_block_written_before_epoch_sums_still_trains_with_a_warning(run_inpro
                                                                        tmp_path):
     # train_steps that indexes its sums and returns the vector: deprecated, the same figures
     args = ("strategy=default", *SMALL, "trainer.epochs=1")
-    with pytest.warns(DeprecationWarning) as warned:
+    with pytest.warns(FutureWarning) as warned:
         old = run_inprocess("imports=[user_loops]", "loop=custom", "loop.name=vector_block",
                             *args, out=tmp_path / "old")
     said = [str(w.message) for w in warned]

@@ -11,8 +11,9 @@
   step and epoch boundaries; it owns the stop on a signal or preemption.
 - `actions`: one duty each: NaN guard, history row and TensorBoard scalars, profiler,
   monitors (target, early stopping, best checkpoint), throughput.
-- `loops`: how steps run. A loop implements `train_step` (or `train_steps(iterator, n)`);
-  `keras_fit` adapts `model.fit` to the Controller's hooks; evaluation is shared.
+- `loops`: how steps run. A loop implements `train_step` (or `train_steps(iterator, n)`,
+  which returns an `EpochSums`: `epoch_sums`); `keras_fit` runs Keras' compiled
+  `model.train_function` on each block; evaluation is shared.
 - `export`: the SavedModel that serves raw inputs, checked after reloading.
 - `runner`: the job's training or evaluation, top to bottom, and its results.json.
 """

@@ -134,10 +134,12 @@ class Controller:
             return block
         if not getattr(self, "_warned_vector", False):
             self._warned_vector = True
-            warnings.warn(f"loop.name={self.exp.cfg.loop.name!r}: its train_steps returned a "
-                          f"{type(block).__name__}; return an EpochSums (what Loop.train_steps "
+            # a FutureWarning, as every deprecation of distlab's (distlab.deprecated): Python
+            # shows it wherever it is raised (a DeprecationWarning from here would be hidden)
+            warnings.warn(f"loop.name={self.exp.cfg.loop.name!r}: its train_steps returned "
+                          f"{type(block).__name__!r}, not an EpochSums (what Loop.train_steps "
                           "returns: EpochSums(self.exp.sums, stats)); a vector goes in 0.3.0",
-                          DeprecationWarning, stacklevel=3)
+                          FutureWarning, stacklevel=3)
         return EpochSums(self.exp.sums, block)
 
     @property

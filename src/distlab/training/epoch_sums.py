@@ -110,7 +110,7 @@ class EpochSums:
         """The batch stats by position: deprecated (the layout is `SumsLayout`'s)."""
         warnings.warn("indexing a loop's train_steps result is deprecated: it is an EpochSums "
                       "(use .loss, .count, .stats or .means()); indexing goes in 0.3.0",
-                      DeprecationWarning, stacklevel=2)
+                      FutureWarning, stacklevel=2)
         return self.stats[index]
 
     def __repr__(self) -> str:

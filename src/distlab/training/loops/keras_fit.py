@@ -11,7 +11,7 @@ a mid-epoch resume) runs a train function made for that many steps, so every epo
 exactly its own batches.
 
 The train function gets the same per-replica rows and weights as the custom loop
-(`distlab.data.pipeline.distribute`): the compiled loss weighs the rows so a short batch
+(`distlab.data.stream.distribute`): the compiled loss weighs the rows so a short batch
 averages over its real examples, and the compiled metrics add the loss and task metrics
 over the real rows only, in float64 (`RealExamplesMean`); after each block their totals
 (summed over replicas and workers) are the block's `EpochSums`, and they are reset. A

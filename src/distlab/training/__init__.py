@@ -16,4 +16,6 @@
   `model.train_function` on each block; evaluation is shared.
 - `export`: the SavedModel that serves raw inputs, checked after reloading.
 - `runner`: the job's training or evaluation, top to bottom, and its results.json.
+- `evaluation`: what `mode=evaluate` checks against the checkpoint's training run (its
+  preprocessing, split keys or rows, precision) before it scores.
 """

@@ -48,7 +48,8 @@ VALIDATION: Rule = (
     or 0 < (held_out_fraction(v) or 0) < 1,
     "must be auto, a fraction of the train split in (0, 1) such as 0.1, a tfds split or slice "
     "(validation, 'train[90%:]'), or null for none")
-MODE = one_of("auto", "max", "min")  # which way a watched metric improves; auto: records.ranking's rule
+# which way a watched metric improves; auto: distlab.records.ranking's rule
+MODE = one_of("auto", "max", "min")
 METRIC: Rule = (lambda v: bool(v.strip()), "must name a history.csv column (e.g. val_loss), "
                 "or be null to turn it off")
 OUTPUT_ACTIVATION: Rule = (lambda v: v in ("softmax", "sigmoid"),

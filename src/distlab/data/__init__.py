@@ -14,13 +14,18 @@ input's structure (names, ragged and padded batches), `slices` the split specs,
 `fingerprint` which rows each split holds, `prepared` the checks made before TensorFlow
 starts.
 
-A new source (CSV files, a pandas frame) is one module, `data/<kind>_source.py`, with a
+A new source (CSV files, a pandas frame) is a module, `data/<kind>_source.py`, with a
 `DataSource` subclass: `claims(name)` says which `dataset.name` values are its own, and
 `splits(cfg)` returns `RawSplits` of (input, label) `tf.data.Dataset`s, unbatched, inputs
-shaped by `structure.dense_inputs`; the validation split `dataset.validation` asks for comes
-from `holdout` (`validation_choice`, `held_out_rows`), and `slices.select` reads split specs
-such as `train[:80%]`. Give `cache_key` (what the rows depend on, with the `data_dir` whose
-files are checked) to be cached on disk, and override `fingerprints` when the rows'
-identities are known without reading them. Then list an instance in `pipeline.SOURCES`
-before `TfdsSource()`, which claims any name the others do not.
+shaped by `structure.dense_inputs`; `holdout.validation_choice(cfg.validation, has_own=...)`
+says which validation split `dataset.validation` asks for, `holdout.with_held_out` holds a
+fraction of train out, and `slices.select` reads split specs such as `train[:80%]`. Give
+`cache_key` (what the rows depend on, with the `data_dir` whose files are checked) to be
+cached on disk, and override `fingerprints` when the rows' identities are known without
+reading them. Then list an instance in `pipeline.SOURCES` before `TfdsSource()`, which
+claims any name the others do not. Two things outside data/ are not yet per source: the
+checks made before TensorFlow starts tell a tfds name from a builder's by
+`registry.is_tfds_name` (a new source's names need a rule there), and the `dataset` schema's
+keys are shared (a source with keys of its own reads them from `dataset` as a user
+dataset's YAML adds them, `+dataset.path=...`).
 """

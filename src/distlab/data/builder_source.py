@@ -15,13 +15,7 @@ import tensorflow as tf
 from omegaconf import DictConfig
 
 from distlab.data import finite, slices
-from distlab.data.holdout import (
-    AUTO_FRACTION,
-    class_labels,
-    held_out_name,
-    held_out_rows,
-    validation_choice,
-)
+from distlab.data.holdout import class_labels, validation_choice, with_held_out
 from distlab.data.prepared import split_names
 from distlab.data.source import DataSource, RawSplits
 from distlab.data.structure import count_rows, dense_inputs, input_name
@@ -84,9 +78,7 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
     test, num_test = slices.select(cfg.test_split, "test_split", given, counts, key)
     raw = RawSplits(train, test, num_train, num_test, outputs, classes, None)
     specs = {"train_split": cfg.train_split, "test_split": cfg.test_split}
-    choice = validation_choice(cfg.validation)
-    if choice == "auto":
-        choice = "validation" if "validation" in given else AUTO_FRACTION
+    choice = validation_choice(cfg.validation, has_own="validation" in given)
     if isinstance(choice, str):
         if "validation" not in given and "validation" in split_names(choice):
             raise DistlabError(
@@ -107,10 +99,7 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
         log.warning("dataset.validation=%g holds out a fraction of the train split, so the "
                     "validation split %s returns is not used (dataset.validation=auto "
                     "uses it)", choice, key)
-    return dataclasses.replace(
-        raw, held_out=held_out_rows(class_labels(train) if classes else None, raw.num_train,
-                                    choice, cfg.validation_seed),
-        validation_from=held_out_name(choice, cfg.train_split, classes, cfg.validation_seed))
+    return with_held_out(raw, class_labels(train) if classes else None, choice, cfg)
 
 
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:

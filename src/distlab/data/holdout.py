@@ -3,9 +3,13 @@ stratified for classes), splitting them off, and what `dataset.validation` asks 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
+from omegaconf import DictConfig
 
+from distlab.data.source import RawSplits
 from distlab.errors import DistlabError
 
 AUTO_FRACTION = 0.1  # dataset.validation=auto without a validation split of the dataset's own
@@ -38,14 +42,29 @@ def hold_out(ds: tf.data.Dataset, mask: np.ndarray) -> tuple[tf.data.Dataset, tf
     return rows(False), rows(True)
 
 
-def validation_choice(value: str | None) -> str | float | None:
-    """`dataset.validation` as None (none), a fraction held out, "auto", or a split name."""
+def validation_choice(value: str | None, has_own: bool | None = None) -> str | float | None:
+    """`dataset.validation` as None (none), a fraction held out, or a split name; "auto" is
+    the source's own validation split if it `has_own` one, else `AUTO_FRACTION` of train (kept
+    as "auto" when `has_own` is not given)."""
     from distlab.config.schema import held_out_fraction
 
     if value is None:
         return None
     fraction = held_out_fraction(value)
-    return fraction if fraction is not None else str(value).strip()
+    choice = fraction if fraction is not None else str(value).strip()
+    if choice == "auto" and has_own is not None:
+        return "validation" if has_own else AUTO_FRACTION
+    return choice
+
+
+def with_held_out(raw: RawSplits, labels: np.ndarray | None, fraction: float,
+                  cfg: DictConfig) -> RawSplits:
+    """`raw` with `fraction` of its train rows held out for validation (seeded by
+    dataset.validation_seed; stratified by `labels`, the train split's classes, if given)."""
+    return dataclasses.replace(
+        raw, held_out=held_out_rows(labels, raw.num_train, fraction, cfg.validation_seed),
+        validation_from=held_out_name(fraction, cfg.train_split, raw.classes,
+                                      cfg.validation_seed))
 
 
 def class_labels(ds: tf.data.Dataset) -> np.ndarray:

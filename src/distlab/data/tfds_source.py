@@ -21,13 +21,7 @@ import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.data import slices
-from distlab.data.holdout import (
-    AUTO_FRACTION,
-    class_labels,
-    held_out_name,
-    held_out_rows,
-    validation_choice,
-)
+from distlab.data.holdout import class_labels, validation_choice, with_held_out
 from distlab.data.source import DataSource, RawSplits
 from distlab.data.structure import AUTOTUNE, count_rows, dense_inputs
 from distlab.errors import DistlabError, first_line
@@ -122,9 +116,7 @@ def tfds_splits(cfg: DictConfig) -> RawSplits:
                            f"dataset.features.input and dataset.features.label to two of its "
                            f"features ({available})")
     keys = _checked_features(cfg.name, info, keys)
-    choice = validation_choice(cfg.validation)
-    if choice == "auto":
-        choice = "validation" if "validation" in info.splits else AUTO_FRACTION
+    choice = validation_choice(cfg.validation, has_own="validation" in info.splits)
     names = [cfg.train_split, cfg.test_split, *([choice] if isinstance(choice, str) else [])]
     try:
         datasets = builder.as_dataset(split=names, shuffle_files=False)
@@ -153,9 +145,7 @@ def tfds_splits(cfg: DictConfig) -> RawSplits:
     if choice is None:
         return raw
     labels = _tfds_labels(builder, cfg.train_split, x, y) if classes else None
-    return dataclasses.replace(
-        raw, held_out=held_out_rows(labels, sizes[0], choice, cfg.validation_seed),
-        validation_from=held_out_name(choice, cfg.train_split, classes, cfg.validation_seed))
+    return with_held_out(raw, labels, choice, cfg)
 
 
 def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str | list[str],

@@ -118,6 +118,8 @@ TARGET = ("trainer.target.metric=val_accuracy", "trainer.target.value=0.9")
     (["objective=best_value", "trainer.best_checkpoint.metric=val_accuracy"], "maximize"),
     (["objective=best_value", "trainer.early_stopping.metric=val_loss",
       "trainer.early_stopping.mode=max"], "maximize"),
+    (["dataset.validation=null"], None),  # the jobs write objective: null (was val_accuracy's)
+    (["dataset.validation=null", "objective=train_examples_per_sec"], "maximize"),
 ])
 def test_objective_direction_from_the_config(overrides, expected):
     from distlab.launch.objective import task_metrics
@@ -172,6 +174,23 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
     assert study_direction("task=regression", "objective=val_mae") == "minimize"
     assert study_direction("objective=time_to_target_s", *TARGET,
                            "hydra.sweeper.direction=maximize") == "maximize"
+    # no validation split: the objective is the one the jobs write, and there must be one
+    assert study_direction("objective=train_examples_per_sec",
+                           "dataset.validation=null") == "maximize"
+    with pytest.raises(ConfigError, match="dataset.validation=null and no objective="):
+        study_direction("objective=null", "dataset.validation=null")
+    with pytest.raises(ConfigError, match="objective=val_accuracy needs a validation split"):
+        study_direction("dataset.validation=null")
+
+
+def test_a_search_without_an_objective_is_one_line_before_any_trial(tmp_path):
+    """No objective= and dataset.validation=null: the jobs would report no objective, so
+    every trial would fail; the search is refused before the first (and before TensorFlow)."""
+    line = _one_line_refusal(tmp_path, "hparams_search=optuna", "objective=null",
+                             "dataset.validation=null", "hydra.sweeper.n_trials=1",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert "objective=" in line and "dataset.validation" in line, line
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_extending_a_cosine_run_names_decay_epochs(tmp_path):

@@ -118,6 +118,8 @@ TARGET = ("trainer.target.metric=val_accuracy", "trainer.target.value=0.9")
     (["objective=best_value", "trainer.best_checkpoint.metric=val_accuracy"], "maximize"),
     (["objective=best_value", "trainer.early_stopping.metric=val_loss",
       "trainer.early_stopping.mode=max"], "maximize"),
+    (["dataset.validation=null"], None),  # the jobs write objective: null (was val_accuracy's)
+    (["dataset.validation=null", "objective=train_examples_per_sec"], "maximize"),
 ])
 def test_objective_direction_from_the_config(overrides, expected):
     from distlab.launch.objective import task_metrics
@@ -172,6 +174,23 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
     assert study_direction("task=regression", "objective=val_mae") == "minimize"
     assert study_direction("objective=time_to_target_s", *TARGET,
                            "hydra.sweeper.direction=maximize") == "maximize"
+    # no validation split: the objective is the one the jobs write, and there must be one
+    assert study_direction("objective=train_examples_per_sec",
+                           "dataset.validation=null") == "maximize"
+    with pytest.raises(ConfigError, match="dataset.validation=null and no objective="):
+        study_direction("objective=null", "dataset.validation=null")
+    with pytest.raises(ConfigError, match="objective=val_accuracy needs a validation split"):
+        study_direction("dataset.validation=null")
+
+
+def test_a_search_without_an_objective_is_one_line_before_any_trial(tmp_path):
+    """No objective= and dataset.validation=null: the jobs would report no objective, so
+    every trial would fail; the search is refused before the first (and before TensorFlow)."""
+    line = _one_line_refusal(tmp_path, "hparams_search=optuna", "objective=null",
+                             "dataset.validation=null", "hydra.sweeper.n_trials=1",
+                             f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert "objective=" in line and "dataset.validation" in line, line
+    assert not (tmp_path / "sweep").exists()
 
 
 def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
@@ -279,14 +298,44 @@ def test_extending_a_schedule_that_reached_zero_warns(run_inprocess, tmp_path, c
 def test_sweep_summary_ranks_old_jobs_by_the_same_rule():
     """Jobs that report no objective_direction (older run dirs) rank by the field's name with
     distlab.records.ranking's rule; a direction set on the sweeper wins."""
-    from distlab.reporting.summary import _maximize
+    from distlab.reporting.summary import _maximize, _set_direction
 
-    def config(objective: str, direction: str | None = None):
-        return OmegaConf.create({"objective": objective,
-                                 "hydra": {"sweeper": {"direction": direction}}})
+    def config(direction: str | None = None):
+        return OmegaConf.create({"hydra": {"sweeper": {"direction": direction}}})
 
-    assert _maximize(config("test_accuracy")) is True
-    assert _maximize(config("test_loss")) is False
-    assert _maximize(config("time_to_target_s")) is False  # was ranked as if larger is better
-    assert _maximize(config("time_to_target_s", "maximize")) is True
-    assert _maximize(config("test_accuracy", "auto")) is True
+    assert _maximize([], "test_accuracy") is True
+    assert _maximize([], "test_loss") is False
+    assert _maximize([], "time_to_target_s") is False  # was ranked as if larger is better
+    assert _set_direction(config("maximize")) is True
+    assert _set_direction(config("minimize")) is False
+    assert _set_direction(config("auto")) is None and _set_direction(config()) is None
+
+
+def test_sweep_summary_of_old_regression_jobs_without_an_objective_ranks_mae_down(
+        tmp_path, monkeypatch):
+    """No `objective=` and jobs that report no objective_direction (older run dirs): the
+    summary ranks the objective it picks from the jobs (val_mae) by that field's direction
+    (it ranked by the empty name's, upwards)."""
+    import hydra.core.utils
+
+    from distlab.records.run_dir import RunDir
+    from distlab.reporting import summary
+
+    for num, mae in enumerate([1.0, 2.0]):
+        job = tmp_path / str(num)
+        (job / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}),
+                       job / ".hydra/hydra.yaml")
+        OmegaConf.save(OmegaConf.create([f"optimizer.learning_rate={num + 1}e-3"]),
+                       job / ".hydra/overrides.yaml")
+        RunDir(job).write_results({"status": "completed", "val_mae": mae, "val_loss": mae ** 2,
+                                   "test_mae": mae, "test_loss": mae ** 2})
+    monkeypatch.setattr(hydra.core.utils, "configure_log", lambda *a, **k: None)
+    monkeypatch.setattr(summary.tracking, "finish_sweep", lambda *a, **k: None)
+    config = OmegaConf.create({"objective": None, "hydra": {
+        "sweep": {"dir": str(tmp_path)}, "sweeper": {"direction": None},
+        "hydra_logging": None, "verbose": False}})
+    summary.SweepSummary(plot=False, tensorboard=False).on_multirun_end(config)
+    md = (tmp_path / "summary.md").read_text()
+    assert "Objective: `val_mae` (minimized)" in md, md
+    assert "Best val_mae (min): 1 in job 0" in md, md

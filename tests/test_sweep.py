@@ -102,14 +102,10 @@ def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_
                   {"status": "completed", "test_loss": mae ** 2, "test_mae": mae,
                    "test_rmse": mae * 1.2, "objective": "test_mae",
                    "objective_direction": "minimize", "train_examples_per_sec": 10.0})
-    from omegaconf import OmegaConf
-
-    config = OmegaConf.create({"objective": None, "hydra": {"sweep": {"dir": str(tmp_path)}}})
     from distlab.reporting.summary import _maximize, find_jobs
 
-    maximize = _maximize(config, find_jobs(tmp_path))
-    assert maximize is False
-    SweepSummary().summarise(tmp_path, maximize=maximize)
+    assert _maximize(find_jobs(tmp_path), "test_mae") is False
+    SweepSummary().summarise(tmp_path)
     rows = _summary(tmp_path)
     assert list(rows[0])[len(LEADING):len(LEADING) + 5] == [
         "objective", "objective_value", "test_mae", "test_rmse", "test_loss"]

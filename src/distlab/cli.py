@@ -20,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
 from distlab.config.store import config_dir_problem  # noqa: E402
-from distlab.errors import composition_error  # noqa: E402
+from distlab.errors import DistlabError, composition_error  # noqa: E402
 from distlab.records.run_dir import check_output_dir_args  # noqa: E402
 
 PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
@@ -105,6 +105,12 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         app()
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {composition_error(e)}", file=sys.stderr)
+        sys.exit(2)
+    except DistlabError as e:  # a sweep refused before any job (a sweeper's setup)
+        from distlab.launch import sweep_signals
+
+        sweep_signals.end()
+        print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except Exception as e:  # a process launcher's error (a job's process died): one line
         from distlab.launch import sweep_signals

@@ -47,6 +47,18 @@ def check_objective(objective: str | None, task: str, metric_names: list[str],
                           "split), or another objective")
 
 
+def check_search_objective(objective: str | None, task: str, metric_names: list[str],
+                           validation: bool = True) -> None:
+    """Refuse, in one line, a search (Optuna) whose jobs would rank by no objective, or by
+    one `check_objective` refuses: before any trial runs."""
+    check_objective(objective, task, metric_names, validation)
+    if objective_field(objective, metric_names, validation) is None:
+        raise ConfigError("a search ranks its trials by an objective, and with "
+                          "dataset.validation=null and no objective= the jobs report none: set "
+                          "dataset.validation=auto (or 0.1, or a split), or objective= a field "
+                          "measured without one (e.g. objective=train_examples_per_sec)")
+
+
 def refuse_test_split(where: str, metric: str) -> ConfigError:
     """The one line refusing to watch `metric`, a test_ figure, at `where`."""
     return ConfigError(f"{where}={metric} would choose on the test split, which only reports: "

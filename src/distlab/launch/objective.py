@@ -1,12 +1,12 @@
-"""The objective of a composed config as a sweeper ranks it, before any job runs: the task's
-metrics' directions (a user task built to learn them) for `distlab.records.ranking`."""
+"""The directions of a composed config's task metrics (a user task built to learn them), for
+`distlab.records.ranking` to rank its objective: in a job, and in a sweeper before any job
+runs."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
 from distlab.records.metrics import builtin_task_metrics
-from distlab.records.ranking import direction
 
 
 def task_metrics(cfg: DictConfig) -> dict[str, bool]:
@@ -21,7 +21,3 @@ def task_metrics(cfg: DictConfig) -> dict[str, bool]:
     plugins.check(cfg)
     return {m.name: m.higher_is_better for m in tasks.build(cfg.task).metrics}
 
-
-def objective_direction(cfg: DictConfig) -> str:
-    """"maximize" or "minimize": how a sweeper ranks this config's objective."""
-    return direction(cfg, task_metrics(cfg))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from distlab.records.fields import field_of
 from distlab.records.metrics import BUILTIN_METRICS
@@ -92,10 +92,18 @@ def best_metric(trainer: DictConfig) -> tuple[str | None, str]:
     return trainer.early_stopping.metric, trainer.early_stopping.mode
 
 
-def direction(cfg: DictConfig, higher: Mapping[str, bool]) -> str:
-    """"maximize" or "minimize": how to rank this config's objective (`higher`: the task's
-    metrics' higher_is_better)."""
-    field = objective_field(cfg.get("objective"), list(higher))
+def has_validation(cfg: DictConfig) -> bool:
+    """Whether this config's runs validate (dataset.validation is not null)."""
+    return OmegaConf.select(cfg, "dataset.validation", default="auto") is not None
+
+
+def direction(cfg: DictConfig, higher: Mapping[str, bool]) -> str | None:
+    """"maximize" or "minimize": how to rank this config's objective, the field its jobs
+    write as theirs (`objective_field`); None when they write none (no `objective` and no
+    validation split). `higher`: the task's metrics' higher_is_better."""
+    field = objective_field(cfg.get("objective"), list(higher), has_validation(cfg))
+    if field is None:
+        return None
     metric, mode = best_metric(cfg.trainer)
     best = metric_direction(metric, mode, higher) == "max" if metric else None
     return "maximize" if maximizes(field, higher, best) else "minimize"

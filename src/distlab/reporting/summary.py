@@ -94,7 +94,7 @@ class SweepSummary(Callback):
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
-                                maximize=_maximize(config, find_jobs(sweep_dir)))
+                                maximize=_set_direction(config))
         summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
         ending = sweep_signals.end()  # stopped by a signal, or a job's process died
         tracking.finish_sweep(config, sweep_dir, len(failed),
@@ -112,9 +112,10 @@ class SweepSummary(Callback):
             raise SystemExit(1)
 
     def summarise(self, sweep_dir: Path, objective: str = "",
-                  maximize: bool = True) -> list[Job]:
+                  maximize: bool | None = None) -> list[Job]:
         """Write the summary files; return the failed jobs. `objective`: the results.json
-        field to rank by (empty: the one the jobs report as theirs)."""
+        field to rank by (empty: the one the jobs report as theirs); `maximize`: which way
+        (None: `_maximize`'s, for that objective)."""
         jobs = find_jobs(sweep_dir)
         if not jobs:
             log.warning("sweep summary: no job directories under %s", sweep_dir)
@@ -123,6 +124,8 @@ class SweepSummary(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         objective = objective or next((str(j.results["objective"]) for j in jobs
                                        if j.results.get("objective")), figure_fields(jobs)[0])
+        if maximize is None:
+            maximize = _maximize(jobs, objective)
         write_csv(sweep_dir / "summary.csv", rows(jobs, swept, objective),
                   columns(jobs) + swept)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
@@ -147,18 +150,24 @@ class SweepSummary(Callback):
         return failed
 
 
-def _maximize(config: DictConfig, jobs: Sequence[Job] = ()) -> bool:
-    """The Optuna sweeper's direction if the user set one; else the direction the jobs report
-    for their objective; else the objective field's own (`distlab.records.ranking`: accuracy
-    up, MAE and times down; run dirs written before jobs reported a direction)."""
+def _set_direction(config: DictConfig) -> bool | None:
+    """Whether the Optuna sweeper's direction, if the user set one, maximizes (None: unset,
+    or `auto`)."""
     direction = OmegaConf.select(config, "hydra.sweeper.direction", default=None)
     direction = getattr(direction, "name", direction)  # the sweeper's schema uses an Enum
-    if direction in ("maximize", "minimize"):
-        return direction == "maximize"
-    reported = {j.results.get("objective_direction") for j in jobs} - {None}
+    return direction == "maximize" if direction in ("maximize", "minimize") else None
+
+
+def _maximize(jobs: Sequence[Job], objective: str) -> bool:
+    """Whether to rank `objective` upwards: as the jobs report it (results.json's
+    `objective_direction` for that objective), else by the field's own direction
+    (`distlab.records.ranking`: accuracy up, MAE and times down; run dirs written before jobs
+    reported a direction)."""
+    reported = {j.results.get("objective_direction") for j in jobs
+                if j.results.get("objective") == objective} - {None}
     if len(reported) == 1:
         return reported == {"maximize"}
-    return maximizes(str(config.get("objective") or ""))  # the field's declared direction
+    return maximizes(objective)
 
 
 def _first_line(text: str) -> str:

@@ -32,6 +32,8 @@ class DistlabOptunaSweeper(OptunaSweeper):
     - `direction: auto` (distlab's default) takes the study's direction from the objective
       (`distlab.records.ranking`: accuracy up, losses, times and MAE down); a direction
       the user sets is kept;
+    - a search whose jobs would report no objective (no `objective`, dataset.validation=null),
+      or one they refuse, is refused in one line before any trial runs;
     - a trial whose job completed without a value for the objective (e.g. time_to_target_s
       when the target was not reached) is logged in one line and told to Optuna as failed,
       so the sampler never sees an invented value;
@@ -43,13 +45,17 @@ class DistlabOptunaSweeper(OptunaSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
+        from distlab.config.figures import check_search_objective
         from distlab.launch.objective import task_metrics
-        from distlab.records.ranking import direction
+        from distlab.records.ranking import direction, has_validation
 
         self._config = config
         impl = self.sweeper
         job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
         higher = task_metrics(job_cfg)
+        # the field the jobs return (none: no trial would give Optuna a value)
+        check_search_objective(job_cfg.get("objective"), str(job_cfg.task.get("name")),
+                               list(higher), has_validation(job_cfg))
         if str(getattr(impl.direction, "name", impl.direction)) == AUTO:
             impl.direction = direction(job_cfg, higher)
         self._advice = _advice(job_cfg, higher)

@@ -375,3 +375,22 @@ def test_the_plot_is_a_list_of_panels():
     targeted = [Job(0, Path("0"), [], {"status": "completed", "time_to_target_s": 2.0})]
     assert [p.field for p in panels(targeted, "wall_time_s")] == [
         "wall_time_s", "train_examples_per_sec", "time_to_target_s"]
+
+
+def test_interrupted_jobs_are_counted_apart_from_failed_ones_and_long_errors_cut_at_a_word():
+    """A sweep stopped by Ctrl-C: its jobs are interrupted, not failed, in the summary's
+    count (its status column said interrupted, the headline 'failed'); a long error in the
+    sweep's one line is cut at a word."""
+    from distlab.reporting.jobs import Job, tally
+    from distlab.reporting.summary import _first_line
+
+    def job(num: int, status: str | None) -> Job:
+        return Job(num, Path(f"/s/{num}"), [], {"status": status} if status else {})
+
+    assert tally([job(0, "interrupted"), job(1, "interrupted")]) == (
+        "2 jobs: 0 completed, 0 failed, 2 interrupted")
+    assert tally([job(0, "completed"), job(1, "failed"), job(2, None)]) == (
+        "3 jobs: 1 completed, 2 failed")
+    cut = _first_line("refused: " + "word " * 60 + "choose\nsecond line", limit=60)
+    assert cut.endswith("word \u2026") and len(cut) <= 62 and "\n" not in cut
+    assert _first_line("short error\nmore") == "short error"

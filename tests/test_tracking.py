@@ -186,6 +186,28 @@ def test_a_sweep_s_child_run_is_named_by_its_swept_keys_first(tmp_path, store):
              f"logger.tracking_uri={store}"])
 
 
+
+def test_a_job_whose_process_died_has_its_run_failed_when_the_sweep_ends(tmp_path, store):
+    """kill -9 of a job: its MLflow run never ends; the sweep's end (every job ended) marks
+    it FAILED, with the reason, beside the finished one."""
+    from distlab.tracking.session import Session
+
+    cfg = OmegaConf.create({"name": "mlflow", "tracking_uri": store, "experiment_name": "died"})
+    sweep = tmp_path / "sweep"
+    for num in (0, 1):
+        run_dir = _sweep_job(sweep, num, [f"seed={num}"], ["seed=0,1"])
+        session = Session(MlflowTracker(cfg), run_dir, {"job": num}, sweep_dir=sweep)
+        session.start()
+        if num == 1:  # job 0 died (kill -9) before it could end its run
+            session.finish({"status": "completed"})
+    MlflowTracker(cfg).finish_sweep(sweep, 1, [])
+    runs = {r.data.tags.get("distlab.run_dir", "parent"): r for r in _runs(store, "died")}
+    assert runs[str(sweep / "0")].info.status == "FAILED"
+    assert "died" in runs[str(sweep / "0")].data.tags["distlab.error"]
+    assert runs[str(sweep / "1")].info.status == "FINISHED"
+    assert runs["parent"].info.status == "FAILED"
+
+
 JOB = """
 import sys
 from pathlib import Path

@@ -31,6 +31,7 @@ class Job:
 
     @property
     def failed(self) -> bool:
+        """Not completed: failed, refused, interrupted or missing (no figures to rank)."""
         return self.status != "completed"
 
     @property
@@ -41,6 +42,16 @@ class Job:
 
     def override(self, key: str) -> str | None:
         return override_values(self.overrides).get(key)
+
+
+def tally(jobs: list[Job]) -> str:
+    """`N jobs: C completed, F failed` (and `, I interrupted` when a signal stopped some): an
+    interrupted job is not counted as failed."""
+    interrupted = sum(j.status == "interrupted" for j in jobs)
+    completed = sum(not j.failed for j in jobs)
+    text = (f"{len(jobs)} jobs: {completed} completed, "
+            f"{len(jobs) - completed - interrupted} failed")
+    return text + (f", {interrupted} interrupted" if interrupted else "")
 
 
 def find_jobs(sweep_dir: str | Path) -> list[Job]:

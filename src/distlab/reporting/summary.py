@@ -43,6 +43,7 @@ from distlab.reporting.jobs import (
     override_values,
     parse_value,
     swept_keys,
+    tally,
 )
 from distlab.reporting.plot import MAX_PLOTTED_KEYS, Panel, panels, plot
 from distlab.reporting.table import (
@@ -144,10 +145,8 @@ class SweepSummary(Callback):
             except Exception as e:  # noqa: BLE001
                 log.warning("sweep summary: could not write %s: %s: %s", name,
                             type(e).__name__, e)
-        failed = [j for j in jobs if j.failed]
-        log.info("sweep summary (%d jobs, %d failed): %s in %s", len(jobs), len(failed),
-                 ", ".join(written), sweep_dir)
-        return failed
+        log.info("sweep summary (%s): %s in %s", tally(jobs), ", ".join(written), sweep_dir)
+        return [j for j in jobs if j.failed]
 
 
 def _set_direction(config: DictConfig) -> bool | None:
@@ -170,8 +169,10 @@ def _maximize(jobs: Sequence[Job], objective: str) -> bool:
     return maximizes(objective)
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0][:200] if text.strip() else "failed"
+def _first_line(text: str, limit: int = 200) -> str:
+    """An error's first line, cut at a word (with an ellipsis) when longer than `limit`."""
+    line = text.strip().splitlines()[0] if text.strip() else "failed"
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " \u2026"
 
 
 __all__ = ["CLASSIFICATION", "HPARAMS_SUFFIX", "LEADING", "MAX_PLOTTED_KEYS", "OBJECTIVE",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.records.results import finite as _finite
-from distlab.reporting.jobs import Job, common_overrides, override_values
+from distlab.reporting.jobs import Job, common_overrides, override_values, tally
 
 LEADING = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
            "effective_batch_size", "num_replicas", "learning_rate"]
@@ -110,9 +110,7 @@ def best_job(jobs: Sequence[Job], objective: str, maximize: bool) -> Job | None:
 def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objective: str,
              maximize: bool) -> str:
     """summary.md: a headline, the shared overrides and one table row per job."""
-    failed = [j for j in jobs if j.failed]
-    lines = [f"# Sweep {sweep_dir}", "",
-             f"{len(jobs)} jobs: {len(jobs) - len(failed)} completed, {len(failed)} failed."]
+    lines = [f"# Sweep {sweep_dir}", "", f"{tally(list(jobs))}."]
     best = best_job(jobs, objective, maximize)
     lines.append(f"Objective: `{objective}` ({'max' if maximize else 'min'}imized), each "
                  "job's value in the column objective value.")

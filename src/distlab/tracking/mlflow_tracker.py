@@ -194,6 +194,15 @@ class MlflowTracker(Tracker):
             return  # no job started a run (tracking failed)
         for path in files:
             self.client.log_artifact(parent, str(path))
+        # every job has ended when the sweep does: a child still RUNNING is a job whose
+        # process died (kill -9, out of memory) before it could end its run
+        experiment = self.client.get_run(parent).info.experiment_id
+        for child in self.client.search_runs(
+                [experiment], f"tags.mlflow.parentRunId = '{parent}' "
+                              "and attributes.status = 'RUNNING'"):
+            self.client.set_tag(child.info.run_id, "distlab.error",
+                                "the job's process died before it ended its run")
+            self.client.set_terminated(child.info.run_id, "FAILED")
         if failed:
             self.client.set_tag(parent, "distlab.failed_jobs", str(failed))
         self.client.set_terminated(parent, "KILLED" if interrupted else

@@ -26,7 +26,15 @@ TINY_TRAIN, TINY_TEST = 512, 192
 
 def pytest_configure(config):
     """Three logical CPUs for the whole session (must happen before any TF op), so in-process
-    tests can use strategy.cpu_devices=1, 2 or 3."""
+    tests can use strategy.cpu_devices=1, 2 or 3. SIGINT handled as Python's default even when
+    the suite was started ignoring it (a background job of a non-interactive shell, nohup):
+    an ignored signal is inherited, and distlab keeps a signal its process was started
+    ignoring ignored, so the tests that send SIGINT to a run or a sweep would send it to
+    processes that cannot hear it. A handler is not inherited: they start with the default."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]

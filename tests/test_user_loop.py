@@ -121,7 +121,7 @@ def test_a_block_written_before_epoch_sums_still_trains_with_a_warning(run_inpro
                             *args, out=tmp_path / "old")
     said = [str(w.message) for w in warned]
     assert any("indexing a loop's train_steps result is deprecated" in m for m in said)
-    assert any("its train_steps returned a ndarray; return an EpochSums" in m for m in said)
+    assert any("its train_steps returned 'ndarray', not an EpochSums" in m for m in said)
     plain = run_inprocess("loop=custom", *args, out=tmp_path / "plain")
     timing = ("seconds", "examples_per_sec")
     assert ([{k: v for k, v in r.items() if k not in timing} for r in _rows(tmp_path / "old")]

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import processes
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,9 +312,9 @@ def refusal_in_process(out: Path, *overrides: str) -> str:
 
 def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
             ) -> subprocess.CompletedProcess:
-    """`python run.py ARGS` from the repository root."""
-    return subprocess.run([sys.executable, "run.py", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    """`python run.py ARGS` from the repository root (a process forked from a preloaded
+    interpreter: tests/processes.py)."""
+    return processes.run("run.py", *args, timeout=timeout, env=env)
 
 
 class Gated:
@@ -330,10 +331,8 @@ class Gated:
         self.folder, self.timeout = folder, timeout
         gate_env = {"DISTLAB_TEST_GATE": gate, "DISTLAB_TEST_GATE_DIR": str(folder),
                     "DISTLAB_TEST_STEP_SLEEP": str(step_sleep)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "gate.py"), *args, f"hydra.run.dir={run_dir}"],
-            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env={**os.environ, **gate_env, **(env or {})})
+        self.proc = processes.Process(ROOT / "tests" / "gate.py", *args,
+                                      f"hydra.run.dir={run_dir}", env={**gate_env, **(env or {})})
 
     def wait(self) -> None:
         """Until the run is held at its gate (an event, whatever the machine's speed)."""

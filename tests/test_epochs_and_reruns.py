@@ -6,21 +6,19 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import processes
 import pytest
-from conftest import ROOT, Gated, fast_overrides, run_cli
+from conftest import Gated, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
 
 
-def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def _start(*args: str) -> processes.Process:
+    return processes.Process("run.py", *args)
 
 
 def _epochs(run_dir: Path) -> list[int]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 from conftest import ROOT
 
@@ -34,9 +34,8 @@ def _scikit_learn() -> None:
 def run_example(*args: str, timeout: float = 120,
                 example: Path = EXAMPLE) -> subprocess.CompletedProcess:
     """`python <repo>/run.py --config-dir conf ARGS` from the example project's directory."""
-    out = subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", "conf", *args],
-                         cwd=example, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    out = processes.run(ROOT / "run.py", "--config-dir", "conf", *args, cwd=example,
+                        timeout=timeout, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 

@@ -8,11 +8,11 @@ or drop distlab.keras_patches.fixes.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import keras
 import numpy as np
+import processes
 import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
@@ -56,8 +56,7 @@ def test_the_upstream_bug_is_still_there_and_the_correction_avoids_it(monkeypatc
 
 
 def _repro(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPRO / name), *args], capture_output=True,
-                          text=True, timeout=240)
+    return processes.run(REPRO / name, *args, timeout=240)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import processes
 import pytest
 from conftest import ROOT, fast_overrides
 
@@ -34,15 +35,14 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _start(index: int, workers: list[str], *args: str, env: dict | None = None,
-           entry: str = "run.py") -> subprocess.Popen:
+           entry: str = "run.py") -> processes.Process:
     """Worker `index`: `python ENTRY` (run.py, or tests/gate.py to hold it at a gate)."""
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-    return subprocess.Popen([sys.executable, entry, "strategy=multi_worker_mirrored", *args],
-                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "TF_CONFIG": json.dumps(tf_config), **(env or {})})
+    return processes.Process(entry, "strategy=multi_worker_mirrored", *args,
+                             env={"TF_CONFIG": json.dumps(tf_config), **(env or {})})
 
 
-def _finish(proc: subprocess.Popen, timeout: float = TIMEOUT) -> str:
+def _finish(proc: processes.Process, timeout: float = TIMEOUT) -> str:
     try:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
@@ -50,7 +50,7 @@ def _finish(proc: subprocess.Popen, timeout: float = TIMEOUT) -> str:
         return proc.communicate()[0] + "\n<killed: timeout>"
 
 
-def _cluster(run_dir: Path, *args: str) -> tuple[list[subprocess.Popen], list[str]]:
+def _cluster(run_dir: Path, *args: str) -> tuple[list[processes.Process], list[str]]:
     """Start worker 0 (chief) and worker 1, with run dirs run_dir/W0 and run_dir/W1."""
     workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
     return [_start(i, workers, *args, f"hydra.run.dir={run_dir / f'W{i}'}")
@@ -58,7 +58,7 @@ def _cluster(run_dir: Path, *args: str) -> tuple[list[subprocess.Popen], list[st
 
 
 def _held_cluster(run_dir: Path, gate: str, *args: str, held: int = 1
-                  ) -> tuple[list[subprocess.Popen], list[str], Path]:
+                  ) -> tuple[list[processes.Process], list[str], Path]:
     """As `_cluster`, with worker `held` held at `gate` (tests/gate.py: `step:E:S`); returns
     once it is held (an event, whatever the machine's speed): (processes, workers, gate
     folder, where `released` lets it go on)."""
@@ -268,14 +268,12 @@ def test_slurm_resolver_with_two_local_tasks(tiny_data_dir, tmp_path):
     base = _consecutive_free_ports(2)
     slurm = {"SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2",
              "SLURM_STEP_NUM_TASKS": "2", "SLURM_JOB_ID": "1"}
-    procs = [subprocess.Popen(
-        [sys.executable, "run.py", "strategy=multi_worker_mirrored",
-         "strategy.cluster_resolver=slurm", f"strategy.slurm_port_base={base}",
-         *fast_overrides(tiny_data_dir), "trainer.epochs=1", "trainer.steps_per_epoch=4",
-         f"hydra.run.dir={tmp_path / f'T{i}'}"],
-        cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env={**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **slurm,
-             "SLURM_PROCID": str(i)}) for i in range(2)]
+    procs = [processes.Process(
+        "run.py", "strategy=multi_worker_mirrored",
+        "strategy.cluster_resolver=slurm", f"strategy.slurm_port_base={base}",
+        *fast_overrides(tiny_data_dir), "trainer.epochs=1", "trainer.steps_per_epoch=4",
+        f"hydra.run.dir={tmp_path / f'T{i}'}",
+        env={"TF_CONFIG": None, **slurm, "SLURM_PROCID": str(i)}) for i in range(2)]
     outputs = [_finish(p) for p in procs]
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, out[-3000:]

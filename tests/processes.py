@@ -1,0 +1,160 @@
+"""`python SCRIPT ARGS` as a process of its own, forked from an interpreter that has already
+imported TensorFlow, Keras, Hydra and distlab (multiprocessing's forkserver, one per test
+process), so that the tests' many short runs do not each pay TensorFlow's import (most of a
+tiny run's time).
+
+The child is the same program as `python run.py ARGS` from the test's point of view: its own
+pid, its own environment, working directory and argv, default signal handlers, exit status
+(negative for a signal, as `subprocess` reports it), atexit handlers run at its end, output
+captured. What it does not re-check is the import itself: the tests that a command is
+refused before TensorFlow is imported use `conftest.run_command`, a fresh interpreter.
+`DISTLAB_TEST_FRESH_PROCESSES=1` makes every run here a fresh interpreter too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FRESH = os.environ.get("DISTLAB_TEST_FRESH_PROCESSES") == "1"
+PRELOAD = ["tensorflow", "keras", "hydra", "omegaconf", "tensorflow_datasets",
+           "distlab.cli", "distlab.training.runner"]
+_context: multiprocessing.context.ForkServerContext | None = None
+
+
+def _forkserver() -> multiprocessing.context.ForkServerContext:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def _child(script: str, args: list[str], cwd: str, env: dict[str, str], out: str,
+           err: str | None) -> None:
+    """In the forked process: become `python SCRIPT ARGS` in `cwd` with `env`."""
+    import atexit
+    import runpy
+
+    for fd, path in ((1, out), (2, err or out)):
+        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.dup2(target, fd)
+        os.close(target)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python's own start-up does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    sys.argv = [script, *args]
+    sys.path[0] = str(Path(script).resolve().parent)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+class Process:
+    """A `subprocess.Popen` look-alike for `python SCRIPT ARGS` (text output; stderr into
+    stdout when `merge_stderr`); `env` is added to this process' environment (a None value
+    removes the variable)."""
+
+    def __init__(self, script: str | Path, *args: str, cwd: Path = ROOT,
+                 env: dict[str, str | None] | None = None, merge_stderr: bool = True):
+        self.args = [sys.executable, str(script), *args]
+        self._folder = tempfile.TemporaryDirectory(prefix="distlab-test-proc-")
+        self._out = Path(self._folder.name) / "stdout"
+        self._err = None if merge_stderr else Path(self._folder.name) / "stderr"
+        for path in (self._out, self._err):
+            if path is not None:
+                path.write_bytes(b"")
+        env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+        self.returncode: int | None = None
+        if FRESH:
+            with open(self._out, "ab") as out, open(self._err or self._out, "ab") as err:
+                self._popen = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=out,
+                                               stderr=err, stdin=subprocess.DEVNULL)
+            self.pid = self._popen.pid
+            return
+        self._popen = None
+        self._process = _forkserver().Process(
+            target=_child, args=(str(script), list(args), str(cwd), env, str(self._out),
+                                 None if self._err is None else str(self._err)))
+        self._process.start()
+        self.pid = self._process.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = (self._popen.poll() if self._popen is not None
+                               else self._process.exitcode)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._popen is not None:
+            self.returncode = self._popen.wait(timeout)
+            return self.returncode
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
+        """Wait for the end (TimeoutExpired on expiry, the process still running), then
+        (stdout, stderr or None)."""
+        self.wait(timeout)
+        out = self._out.read_text(errors="replace")
+        return out, None if self._err is None else self._err.read_text(errors="replace")
+
+    def output_so_far(self) -> str:
+        return self._out.read_text(errors="replace")
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __del__(self) -> None:
+        if getattr(self, "returncode", 0) is None and self.poll() is None:
+            self.kill()
+
+
+def run(script: str | Path, *args: str, timeout: float, cwd: Path = ROOT,
+        env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """As `subprocess.run([python, SCRIPT, *ARGS], capture_output=True, text=True)`: the
+    process is killed on expiry (and TimeoutExpired raised)."""
+    process = Process(script, *args, cwd=cwd, env=env, merge_stderr=False)
+    try:
+        out, err = process.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(30)
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
+
+
+def wait_for(path: Path, processes: list[Process], timeout: float) -> bool:
+    """Until `path` exists (True), or one of `processes` ended or `timeout` passed (False)."""
+    expiry = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > expiry or any(p.poll() is not None for p in processes):
+            return path.exists()
+        time.sleep(0.02)
+    return True

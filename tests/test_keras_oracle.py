@@ -91,7 +91,8 @@ class Case:
 def drawn_options() -> dict[str, list[str]]:
     """Each choice of the options' cases and its values, drawn from the config: every option
     of the optimizer and schedule groups, every optimizer.lr_scaling, warmup or not, the
-    task's loss on logits or on probabilities (model.output_activation), and the loop."""
+    task's loss on logits or on probabilities (model.output_activation), accumulation or
+    not, and the loop."""
     from distlab.config.schema import OptimizerConfig
 
     return {
@@ -100,6 +101,8 @@ def drawn_options() -> dict[str, list[str]]:
         "lr_scaling": [f"optimizer.lr_scaling={v}"
                        for v in rule_choices(OptimizerConfig, "lr_scaling")],
         "warmup": ["schedule.warmup_epochs=0", "schedule.warmup_epochs=1.4"],
+        # accumulation with each optimizer's own state (Adam's bias correction: updates)
+        "accumulation": ["trainer.grad_accum_steps=1", "trainer.grad_accum_steps=4"],
         "outputs": ["model.output_activation=null", "model.output_activation=softmax"],
         "loop": [f"loop={loop}" for loop in LOOPS],
     }
@@ -401,6 +404,7 @@ def test_one_replica_trains_as_plain_keras_fit(case, run_inprocess, probe):
     weights agree to the precision's tolerance."""
     c = CASES[case]
     loss_diff, weight_diff = run_and_compare(c, run_inprocess, probe)
+    print(f"{case}: losses {loss_diff:.2g}, weights {weight_diff:.2g}")  # shown with -s
     tolerance = TOLERANCE[c.precision]
     assert loss_diff < tolerance and weight_diff < tolerance, (
         f"{case}: per-step losses differ from plain Keras by up to {loss_diff:.3g}, final "
@@ -455,4 +459,5 @@ def test_the_oracle_catches_planted_faults(fault, run_inprocess, probe, monkeypa
     c = case()
     plant(monkeypatch)
     loss_diff, weight_diff = run_and_compare(c, run_inprocess, probe)
+    print(f"{fault}: losses {loss_diff:.2g}, weights {weight_diff:.2g}")  # shown with -s
     assert max(loss_diff, weight_diff) > 100 * TOLERANCE[c.precision], (loss_diff, weight_diff)

@@ -152,7 +152,7 @@ def training_cases() -> dict[str, Case]:
 
 
 # the dataset each option of the task group trains on here (tiny_data_dir's; breast_cancer is
-# written by the `binary_data` fixture); classification: the default, mnist
+# written by the `task_data` fixture); classification: the default, mnist
 TASK_DATA = {
     "classification": (),
     "regression": ("dataset.name=tiny_regression", "dataset.features.input=measurements",
@@ -174,8 +174,8 @@ CASES = {**option_cases(), **training_cases(), **task_cases()}
 
 
 def test_every_option_is_drawn_and_has_a_plain_keras_reference():
-    """Every built-in optimizer and schedule is an option the cases draw, and the reference
-    expresses every option's every key (no training: the fast tier)."""
+    """Every built-in optimizer, schedule and task is an option the cases draw, and the
+    reference expresses every option's every key (no training: the fast tier)."""
     from distlab.registry import OPTIMIZERS, SCHEDULES
 
     drawn = drawn_options()
@@ -196,17 +196,23 @@ def test_every_option_is_drawn_and_has_a_plain_keras_reference():
                                   f"conf/{group} option names it, so the oracle cannot draw it")
     assert all(any(option in c.overrides or option == f"loop={c.loop}" for c in CASES.values())
                for values in drawn.values() for option in values)
+    from distlab.registry import TASKS
+
+    names = set()
     for task in group_options("task"):
         assert task in TASK_DATA, (f"task={task}: the oracle has no dataset for it; add one to "
                                    "TASK_DATA in this file")
         node = Reads(compose([*COMMON, f"task={task}"]).task, "task")
+        names.add(node._values["name"])
         reference_loss(node, None)
         node.check_all_read()
+    assert {n for n in TASKS.names() if TASKS.is_builtin(n)} <= names
 
 
 # ------------------------------------------------------------------- the plain Keras side
 class Reads:
-    """A config node's keys, each read recorded; `unread()`: the keys the reference left out."""
+    """A config node's keys, each read recorded: `check_all_read()` fails the test on a key
+    the reference left out."""
 
     def __init__(self, node: Any, where: str) -> None:
         from omegaconf import OmegaConf

@@ -12,7 +12,8 @@ pipeline is not re-implemented; a run whose batches were not reproducible would 
 The cases are drawn from the config, not listed by hand: every option of the `optimizer`
 and `schedule` groups that Hydra lists (every built-in registry name must have one), every
 `optimizer.lr_scaling` of its rule, warmup, logits or softmax outputs, accumulation and
-each loop, under a 1-replica MirroredStrategy and under no strategy. To keep the suite fast
+each loop, one step or 3 per call, under a 1-replica MirroredStrategy and under no strategy
+(several steps per call are compared per block: each block's mean loss). To keep the suite fast
 they are combined, not crossed: case i takes value i of each choice (cycling), so every
 value runs at least once and the runs are as many as the longest choice has values. The
 training options whose code differs per loop (`model.l2`, `optimizer.clipnorm`,
@@ -96,7 +97,7 @@ def drawn_options() -> dict[str, list[str]]:
     """Each choice of the options' cases and its values, drawn from the config: every option
     of the optimizer and schedule groups, every optimizer.lr_scaling, warmup or not, the
     task's loss on logits or on probabilities (model.output_activation), accumulation or
-    not, and the loop."""
+    not, and the loop (its steps per call and the strategy: see option_cases)."""
     from distlab.config.schema import OptimizerConfig
 
     return {
@@ -121,11 +122,16 @@ def option_cases() -> dict[str, Case]:
     for i in range(max(len(values) for values in choices.values())):
         picked = [values[i % len(values)] for values in choices.values()]
         *overrides, loop = picked
+        loop = loop.partition("=")[2]
         # no strategy (strategy=default or auto on one device) in every other pair of cases,
-        # so that each loop runs under both
+        # so that each loop runs under both; and each loop with blocks of 3 steps per call
+        # in one of its cases (an epoch of 5 steps: a block of 3, then a shorter one of 2)
         strategy = "default" if i // len(LOOPS) % 2 else "mirrored"
-        cases["-".join([*(v.rpartition("=")[2] for v in picked), strategy])] = Case(
-            tuple(overrides), loop.partition("=")[2], strategy=strategy)
+        steps = 3 if i % 4 in (1, 2) else 1
+        per_call = "steps_per_execution" if loop == "keras_fit" else "steps_per_loop"
+        overrides.append(f"loop.{per_call}={steps}")
+        cases["-".join([*(v.rpartition("=")[2] for v in picked), strategy, f"{steps}x"])] = Case(
+            tuple(overrides), loop, strategy=strategy)
     return cases
 
 
@@ -405,11 +411,22 @@ def keras_reference(cfg, initial: list[np.ndarray], batches: list[tuple[np.ndarr
 # ------------------------------------------------------------------- the distlab side
 @dataclass
 class Probe:
-    """What a distlab run trained: its experiment, initial weights, each step's loss."""
+    """What a distlab run trained: its experiment, initial weights, and per block of steps
+    (one step, or loop.steps_per_execution / steps_per_loop) its summed loss and examples."""
 
     exp: Any = None
     initial: list = field(default_factory=list)
-    losses: list = field(default_factory=list)
+    blocks: list = field(default_factory=list)
+
+    def block_losses(self, step_losses: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        """(distlab's mean loss of each block, the mean of `step_losses` over the same
+        steps: every batch is full, so a block's mean is the mean of its steps' means)."""
+        sizes = [round(count / BATCH) for _, count in self.blocks]
+        assert sum(sizes) == len(step_losses) == EPOCHS * STEPS_PER_EPOCH, sizes
+        ends = np.cumsum(sizes)
+        return (np.array([loss / count for loss, count in self.blocks]),
+                np.array([np.mean(step_losses[e - n:e]) for n, e in zip(sizes, ends,
+                                                                         strict=True)]))
 
 
 @pytest.fixture
@@ -425,7 +442,7 @@ def probe(monkeypatch) -> Probe:
 
     def recorded_block(self, block):
         sums = block_sums(self, block)
-        seen.losses.append(sums.loss / sums.count)
+        seen.blocks.append((sums.loss, sums.count))
         return sums
 
     monkeypatch.setattr(Controller, "train", recorded_train)
@@ -451,18 +468,17 @@ def run_and_compare(c: Case, run_inprocess, probe: Probe) -> tuple[float, float]
                             f"dataset.batch_size_per_replica={BATCH // c.replicas}",
                             *c.overrides)
     assert results["num_replicas"] == c.replicas and results["global_batch_size"] == BATCH
-    assert len(probe.losses) == EPOCHS * STEPS_PER_EPOCH
     final = probe.exp.model.get_weights()
     if c.reference_key not in _references:
         batches = trained_batches(probe.exp)
         assert len(batches) == EPOCHS * STEPS_PER_EPOCH
         _references[c.reference_key] = keras_reference(probe.exp.cfg, probe.initial, batches)
     losses, weights = _references[c.reference_key]
-    assert len(final) == len(weights) and len(losses) == len(probe.losses)
+    assert len(final) == len(weights)
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(final, probe.initial, strict=True))
     assert moved > 10 * TOLERANCE[c.precision], "the run did not train: nothing is compared"
     # losses: relative to a loss above 1 (regression's: one float32 mean's rounding is relative)
-    distlab_losses, keras_losses = np.array(probe.losses), np.array(losses)
+    distlab_losses, keras_losses = probe.block_losses(losses)
     return (float(np.max(np.abs(distlab_losses - keras_losses)
                          / np.maximum(1.0, np.abs(keras_losses)))),
             max(float(np.max(np.abs(a - b))) for a, b in zip(final, weights, strict=True)))

@@ -42,18 +42,18 @@ def of_splits(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
     known = splits.origin.fingerprints(cfg, splits) if splits.origin is not None else None
     if known is not None:  # the rows' identities (tfds)
         return known
-    train = _row_hashes(splits.train)
-    prints = {"train": _digest(train), "test": _digest(_row_hashes(splits.test)),
+    train = row_hashes(splits.train)
+    prints = {"train": _digest(train), "test": _digest(row_hashes(splits.test)),
               "validation": None}
     if splits.held_out is not None:
         prints["train"], prints["validation"] = (_digest(train[~splits.held_out]),
                                                  _digest(train[splits.held_out]))
     elif splits.validation is not None:
-        prints["validation"] = _digest(_row_hashes(splits.validation))
+        prints["validation"] = _digest(row_hashes(splits.validation))
     return prints
 
 
-def _row_hashes(ds: tf.data.Dataset) -> np.ndarray:
+def row_hashes(ds: tf.data.Dataset) -> np.ndarray:
     """A uint64 fingerprint of each (input, label) row of `ds`, in order."""
     def one(x: Any, y: Any) -> tf.Tensor:
         parts = [tf.io.serialize_tensor(t) for t in tf.nest.flatten((x, y))]

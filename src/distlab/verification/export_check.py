@@ -4,9 +4,12 @@ the pipeline's preprocessing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
+from distlab.records.run_dir import RunDir
 from distlab.verification.report import FAILED, PASSED, Row
 from distlab.verification.session import Session
 
@@ -15,9 +18,9 @@ def check(session: Session) -> Row:
     from distlab.data.structure import batched, input_names
     from distlab.training import export
 
-    probe = session.probe("export")
-    probe.train(session.options.steps)
+    probe = session.trained()
     exp, rows = probe.exp, session.options.rows
+    exp = dataclasses.replace(exp, run_dir=RunDir(session.where("export")))
     path = export.write(exp)
     raw = next(iter(batched(exp.data.raw_test.take(rows), rows)))[0]
     expected = [np.asarray(t) for t in tf.nest.flatten(

@@ -14,6 +14,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from distlab.errors import hydra_value
 from distlab.verification.report import FAILED, PASSED, Row
 from distlab.verification.session import Session
 
@@ -75,7 +76,8 @@ def check(session: Session) -> Row:
 def _brief_evaluation(session: Session) -> list[str]:
     """Score verify.rows test rows, where the test split is a plain split name."""
     test = session.run_config.dataset.test_split
-    return [f"dataset.test_split={test}[:{session.options.rows}]"] if test.isidentifier() else []
+    return ([f"dataset.test_split={hydra_value(f'{test}[:{session.options.rows}]')}"]
+            if test.isidentifier() else [])
 
 
 def _compare(whole: dict, resumed: dict, whole_dir: Path, cut_dir: Path) -> list[str]:
@@ -84,8 +86,8 @@ def _compare(whole: dict, resumed: dict, whole_dir: Path, cut_dir: Path) -> list
     problems = []
     a = tf.train.load_checkpoint(whole["checkpoint"])
     b = tf.train.load_checkpoint(resumed["checkpoint"])
-    keys = [k for k in a.get_variable_to_shape_map()
-            if k.startswith(("model/", "optimizer/")) and not k.endswith("OBJECT_GRAPH_JSON")]
+    keys = [k for k in a.get_variable_to_shape_map()  # model, optimizer, epoch sums, ...
+            if not k.startswith(("save_counter", "_CHECKPOINTABLE_OBJECT_GRAPH"))]
     worst, where = 0.0, None
     for key in sorted(keys):
         try:

@@ -24,6 +24,8 @@ class Session:
     config_dir: str | Path | None = None
     config_path: str | Path | None = None
     _count: dict[str, int] = field(default_factory=dict)
+    _composed: dict[tuple[str, ...], DictConfig] = field(default_factory=dict)
+    _trained: object = None
 
     def compose(self, *extra: str) -> DictConfig:
         """The config of the run's overrides plus `extra`, validated and its user code
@@ -33,12 +35,15 @@ class Session:
         from distlab.launch.api import _compose
         from distlab.launch.job import _check_interpolations
 
-        composed = _compose([*self.overrides, *extra], self.config_dir, self.config_path)
-        cfg = OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"])
-        _check_interpolations(cfg)
-        validate(cfg)
-        plugins.check(cfg)
-        return cfg
+        key = tuple(extra)
+        if key not in self._composed:  # (Hydra's composition takes a second or so)
+            composed = _compose([*self.overrides, *extra], self.config_dir, self.config_path)
+            cfg = OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"])
+            _check_interpolations(cfg)
+            validate(cfg)
+            plugins.check(cfg)
+            self._composed[key] = cfg
+        return self._composed[key].copy()
 
     @property
     def run_config(self) -> DictConfig:
@@ -78,6 +83,19 @@ class Session:
 
         cfg = self.brief_config(*extra, replicas=replicas, batch=batch)
         return probe.build(cfg, self.where(name), self.options.rows, loop)
+
+
+    def trained(self):
+        """The run's probe (its own strategy and loop) trained `options.steps` steps, built
+        once and shared by the checks that read it (its `start`, `losses` and `weights`
+        attributes: before and after)."""
+        if self._trained is None:
+            run = self.probe("run")
+            run.start = run.weights()
+            run.losses = run.train(self.options.steps)
+            run.end = run.weights()
+            self._trained = run
+        return self._trained
 
 
 def configure_devices() -> bool:

@@ -30,8 +30,8 @@ def _first_difference(a: list[float], b: list[float]) -> str:
 # ---- determinism
 def determinism(session: Session) -> Row:
     steps = session.options.steps
-    first = session.probe("determinism")
-    losses_a, weights_a = first.train(steps), first.weights()
+    first = session.trained()
+    losses_a, weights_a = first.losses, first.end
     second = session.probe("determinism")
     losses_b, weights_b = second.train(steps), second.weights()
     diff, where = max_abs_diff(weights_a, weights_b)
@@ -142,10 +142,8 @@ def loops(session: Session) -> Row:
     reference = {"keras_fit": "custom", "custom": "keras_fit"}.get(name, "custom")
     switch = [f"loop={reference}"] if builtin else ["loop.name=custom"]
     loss_rtol, weight_tol = _tolerances(session)
-    run = session.probe("loops")
-    start = run.weights()
-    losses = run.train(steps)
-    weights = run.weights()
+    run = session.trained()
+    start, losses, weights = run.start, run.losses, run.end
     ref = session.probe("loops-reference", *switch)
     ref_losses = ref.train(steps)
     ref_weights = ref.weights()

@@ -25,7 +25,9 @@ def check(session: Session) -> Row:
         return Row("data", FAILED, "the splits could not be read", differs=str(e),
                    cause="the dataset builder or the dataset keys (the line above says which)")
     splits = _splits(raw)
-    hashes = {role: fingerprint.row_hashes(ds) for role, ds in splits.items()}
+    read = {role: fingerprint.row_hashes_and_labels(ds) for role, ds in splits.items()}
+    hashes = {role: h for role, (h, _) in read.items()}
+    labels = {role: y for role, (_, y) in read.items()}
     if raw.held_out is not None:
         hashes["validation"] = hashes["train"][raw.held_out]
         hashes["train"] = hashes["train"][~raw.held_out]
@@ -42,7 +44,7 @@ def check(session: Session) -> Row:
                     f"{key} gives the {b} split rows of the {a} split (overlapping slices, or "
                     "rows split after a shuffle with another seed, or duplicated rows)"))
     problems += _finite(splits, raw, key)
-    problems += _labels(session, splits, raw, key)
+    problems += _labels(session, labels, raw, key)
     problems += _standardized(session, figures)
     summary = (f"{' / '.join(f'{len(h)} {r}' for r, h in hashes.items())} rows: disjoint by "
                "content, finite, labels fit task="
@@ -77,16 +79,14 @@ def _finite(splits: dict[str, tf.data.Dataset], raw: Any, key: str) -> list[tupl
     return problems
 
 
-def _labels(session: Session, splits: dict[str, tf.data.Dataset], raw: Any,
+def _labels(session: Session, found: dict[str, np.ndarray], raw: Any,
             key: str) -> list[tuple[str, str]]:
     from distlab.components import tasks
-    from distlab.data.holdout import class_labels
 
     kind = getattr(tasks.build(session.run_config.task), "labels", None)
     task = session.run_config.task.name
     problems = []
-    for role, ds in splits.items():
-        labels = class_labels(ds)
+    for role, labels in found.items():
         if not labels.size:
             continue
         if labels.dtype.kind == "f" and not np.all(np.isfinite(labels)):

@@ -82,9 +82,16 @@ def scratch_dir(options: Options) -> Path:
     return Path("outputs") / "verify" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
 
 
-def brief(options: Options, batch: int | None = None) -> list[str]:
+SHUFFLE_BUFFER = 256  # at most: a brief run reads no more rows than it needs to start
+
+
+def brief(options: Options, batch: int | None = None, shuffle_buffer: int | None = None
+          ) -> list[str]:
     """Overrides that make a run brief: `options.steps` steps an epoch, 2 epochs, small
-    batches, no export (the export check makes its own), no progress bar, deterministic."""
+    batches, a small shuffle buffer (`shuffle_buffer`, the run's: at most SHUFFLE_BUFFER),
+    no export (the export check makes its own), no progress bar, deterministic."""
+    buffer = min(SHUFFLE_BUFFER, SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer)
     return [f"trainer.steps_per_epoch={options.steps}", "trainer.epochs=2",
-            f"dataset.batch_size_per_replica={batch or options.batch}", "trainer.export=false",
-            "loop.verbose=0", "deterministic=true"]
+            f"dataset.batch_size_per_replica={batch or options.batch}",
+            f"dataset.shuffle_buffer={buffer}", "trainer.export=false", "loop.verbose=0",
+            "deterministic=true"]

@@ -95,8 +95,11 @@ def _compare(whole: dict, resumed: dict, whole_dir: Path, cut_dir: Path) -> list
         except Exception:  # noqa: BLE001 - missing in the resumed checkpoint
             return [f"the resumed checkpoint lacks {key}"]
         if x.dtype.kind in "fiu" and x.size:
-            diff = float(np.max(np.abs(x.astype(np.float64) - y)))
-            if diff > worst or np.isnan(diff):
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            both_nan = np.isnan(x) & np.isnan(y)  # (an unset best value is NaN in both)
+            diffs = np.where(both_nan, 0.0, np.abs(x - y))
+            diff = float(np.max(np.nan_to_num(diffs, nan=np.inf)))
+            if diff > worst:
                 worst, where = diff, key
     if worst:
         problems.append(f"final checkpoint differs by up to {worst:.3g} (in {where})")

@@ -73,7 +73,9 @@ class Session:
 
     def brief_config(self, *extra: str, replicas: int | None = None,
                      batch: int | None = None) -> DictConfig:
-        return self.compose(*brief(self.options, batch), *self.strategy(replicas), *extra)
+        buffer = self.run_config.dataset.shuffle_buffer
+        return self.compose(*brief(self.options, batch, buffer), *self.strategy(replicas),
+                            *extra)
 
     def probe(self, name: str, *extra: str, replicas: int | None = None,
               batch: int | None = None, loop=None):

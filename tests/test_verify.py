@@ -23,7 +23,7 @@ def verify(tiny_data_dir, tmp_path):
 
     def _verify(*overrides: str, checks: list[str]):
         return distlab.verify([f"dataset.data_dir={tiny_data_dir}", *overrides,
-                               f"verify.checks=[{','.join(checks)}]",
+                               f"verify.checks=[{','.join(checks)}]", "verify.steps=2",
                                f"verify.dir={tmp_path / f'verify{next(counter)}'}"])
 
     return _verify
@@ -85,8 +85,9 @@ def test_a_metric_whose_state_is_a_mean_fails_the_replicas_check(verify):
                     checks=["replicas"])
     assert statuses(report) == {"replicas": "failed"}
     row = report["replicas"]
-    assert "the initial model's test_mean_state_accuracy on 64 test rows" in row.differs
-    assert "test_loss" not in row.differs  # the loss, a sum, agrees
+    assert ("the initial model's test mean_state_accuracy on 64 test rows is 0.359375 on 1 "
+            "replica and 0.71875 on 2") in row.differs
+    assert "test loss" not in row.differs  # the loss, a sum, agrees
     assert row.cause.startswith("task metric 'mean_state_accuracy' (MeanStateAccuracy): its "
                                 "state is not a sum over rows")
 

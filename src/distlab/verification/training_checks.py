@@ -73,13 +73,14 @@ def replicas(session: Session) -> Row:
               3: session.probe("replicas-3", replicas=3, batch=batch)}
     figures = {f"eval_{r}_replicas": p.evaluate() for r, p in probes.items()}
     base = figures["eval_1_replicas"]
+    rows = min(session.options.rows, probes[1].exp.data.num_test)
     problems, cause = [], None
     for r in (2, 3):
         got = figures[f"eval_{r}_replicas"]
         for k in base:
             d = relative_diffs([base[k]], [got[k]])
             if d > loss_rtol:
-                problems.append(f"the initial model's {k} on {session.options.rows} test rows "
+                problems.append(f"the initial model's test {k} on {rows} test rows "
                                 f"is {base[k]:.6g} on 1 replica and {got[k]:.6g} on {r} "
                                 f"(relative {d:.2g})")
                 cause = cause or _evaluation_cause(session, probes[1], k)
@@ -105,8 +106,8 @@ def replicas(session: Session) -> Row:
 
 
 def _evaluation_cause(session: Session, probe, figure: str) -> str:
-    if figure != "test_loss":
-        name = figure.removeprefix("test_")
+    name = figure.removeprefix("test_")
+    if name != "loss":
         metric = next((m for m in probe.exp.task.metrics if m.name == name), None)
         if metric is not None and metric.stateful:
             return (f"task metric {name!r} ({type(metric.per_example).__name__}): its state is "

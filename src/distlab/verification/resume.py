@@ -40,11 +40,13 @@ def check(session: Session) -> Row:
     at = steps // 2  # after this many steps of the first epoch (mid-epoch)
     whole_dir, cut_dir = session.where("resume-whole"), session.where("resume-stopped")
     extra = _brief_evaluation(session)
-    cfg = session.brief_config(*extra)
+    batch = 4 * session.options.batch  # (what it is does not matter here: fewer steps)
+    cfg = session.brief_config(*extra, batch=batch)
     marker = cut_dir.parent / f"{cut_dir.name}.sigterm"
     stopped_cfg = session.brief_config(
         *extra, "+callbacks.verify_sigterm._target_=distlab.verification.resume.SigtermOnce",
-        f"+callbacks.verify_sigterm.step={at - 1}", f"+callbacks.verify_sigterm.marker={marker}")
+        f"+callbacks.verify_sigterm.step={at - 1}", f"+callbacks.verify_sigterm.marker={marker}",
+        batch=batch)
     whole = run(cfg, whole_dir)
     first = run(stopped_cfg, cut_dir)
     summary = (f"SIGTERM after step {at} of epoch 1 ({steps} steps an epoch, 2 epochs), rerun: "

@@ -75,7 +75,20 @@ class Session:
                      batch: int | None = None) -> DictConfig:
         buffer = self.run_config.dataset.shuffle_buffer
         return self.compose(*brief(self.options, batch, buffer), *self.strategy(replicas),
-                            *extra)
+                            *self.without_validation(), *extra)
+
+    def without_validation(self) -> list[str]:
+        """No validation split (nor its held-out rows) where nothing of the run watches one:
+        a brief run's checks compare training and test figures only."""
+        from distlab.config.figures import WATCHED
+
+        cfg = self.run_config
+        watched = [OmegaConf.select(cfg.trainer, f"{key}.metric", default=None)
+                   for key in WATCHED] + [cfg.get("objective")]
+        if any(str(m).startswith("val_") for m in watched if m is not None) \
+                or cfg.get("callbacks"):
+            return []
+        return ["dataset.validation=null", "trainer.validate_every=0"]
 
     def probe(self, name: str, *extra: str, replicas: int | None = None,
               batch: int | None = None, loop=None):

@@ -6,6 +6,7 @@ test running only the checks its fault needs, on the tiny data."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 
 import pytest
@@ -58,6 +59,32 @@ def test_clean_rows_pass_the_data_check_and_verify_json_says_so(verify):
     written = json.loads(report.json_path.read_text())
     assert written["ok"] is True and [r["check"] for r in written["rows"]] == ["data"]
     assert "256 train / 64 test rows" in report.table()
+
+
+def test_the_command_prints_a_row_per_check_and_its_status_says_whether_all_hold(
+        tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """`distlab verify ARGS` (through the `distlab` command's entry point): the table, then
+    exit 1 on a failed row, 0 when every row holds, 2 for a flag it does not take."""
+    from conftest import ROOT
+
+    from distlab import cli
+
+    def command(*args: str) -> int:
+        monkeypatch.setattr("sys.argv", ["distlab", "verify", f"dataset.data_dir={tiny_data_dir}",
+                                         *USER, "verify.checks=[data]", *args])
+        with pytest.raises(SystemExit) as ended:
+            cli.main(config_path=str(ROOT / "conf"))
+        return ended.value.code
+
+    assert command("dataset.name=overlapping", f"verify.dir={tmp_path / 'a'}") == 1
+    out = capsys.readouterr().out
+    assert re.search(r"\ndata +failed ", out), out
+    assert "differs: 12 of the 64 rows of the test split" in out
+    assert "1 check(s) failed" in out and str(tmp_path / "a" / "verify.json") in out
+    assert command("dataset.name=clean_rows", f"verify.dir={tmp_path / 'b'}") == 0
+    assert "every check holds" in capsys.readouterr().out
+    assert command("--cfg", "job") == 2
+    assert capsys.readouterr().err.startswith("error: distlab verify does not take --cfg")
 
 
 def test_a_bad_verify_setting_is_one_line():

@@ -54,7 +54,11 @@ class Report:
         return 2 if self.error else 0 if self.ok else 1
 
     def __getitem__(self, check: str) -> Row:
-        return next(row for row in self.rows if row.check == check)
+        for row in self.rows:
+            if row.check == check:
+                return row
+        raise KeyError(f"no {check!r} row: the checks run were "
+                       f"{', '.join(r.check for r in self.rows) or 'none'}")
 
     @property
     def json_path(self) -> Path:

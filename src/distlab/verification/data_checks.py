@@ -24,6 +24,7 @@ def check(session: Session) -> Row:
     except DistlabError as e:
         return Row("data", FAILED, "the splits could not be read", differs=str(e),
                    cause="the dataset builder or the dataset keys (the line above says which)")
+    session._test_rows = raw.num_test  # (the resume check scores at most verify.rows)
     splits = _splits(raw)
     read = {role: fingerprint.row_hashes_and_labels(ds) for role, ds in splits.items()}
     hashes = {role: h for role, (h, _) in read.items()}

@@ -76,10 +76,11 @@ def check(session: Session) -> Row:
 
 
 def _brief_evaluation(session: Session) -> list[str]:
-    """Score verify.rows test rows, where the test split is a plain split name."""
-    test = session.run_config.dataset.test_split
-    return ([f"dataset.test_split={hydra_value(f'{test}[:{session.options.rows}]')}"]
-            if test.isidentifier() else [])
+    """Score verify.rows test rows, where the test split is a plain split name with more."""
+    test, rows = session.run_config.dataset.test_split, session.options.rows
+    if not test.isidentifier() or session.test_rows() <= rows:
+        return []
+    return [f"dataset.test_split={hydra_value(f'{test}[:{rows}]')}"]
 
 
 def _compare(whole: dict, resumed: dict, whole_dir: Path, cut_dir: Path) -> list[str]:

@@ -100,6 +100,15 @@ class Session:
         return probe.build(cfg, self.where(name), self.options.rows, loop)
 
 
+    def test_rows(self) -> int:
+        """The rows of the run's test split (read once)."""
+        if not hasattr(self, "_test_rows"):
+            from distlab.data import pipeline
+
+            dataset = self.run_config.dataset
+            self._test_rows = pipeline.source_for(dataset.name).splits(dataset).num_test
+        return self._test_rows
+
     def trained(self):
         """The run's probe (its own strategy and loop) trained `options.steps` steps, built
         once and shared by the checks that read it (its `start`, `losses` and `weights`

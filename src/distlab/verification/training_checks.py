@@ -85,6 +85,7 @@ def replicas(session: Session) -> Row:
                                 f"(relative {d:.2g})")
                 cause = cause or _evaluation_cause(session, probes[1], k)
     one, two = probes[1], probes[2]
+    quieted = [_without_randomness(p) for p in (one, two)][0]
     losses_1, losses_2 = one.train(steps), two.train(steps)
     weights_1, weights_2 = one.weights(), two.weights()
     loss_diff = relative_diffs(losses_1, losses_2)
@@ -99,10 +100,32 @@ def replicas(session: Session) -> Row:
     summary = (f"initial model's test figures on 1, 2, 3 replicas; {steps} steps of 1 x "
                f"{2 * batch} against 2 x {batch} (losses to {loss_rtol:g} relative, weights to "
                f"{weight_tol:g} x the largest)")
+    if quieted:
+        summary += (f"; random layers off for the steps ({', '.join(quieted)}: each replica "
+                    "draws its own random numbers)")
+        figures["random_layers_off"] = quieted
     if not problems:
         return Row("replicas", PASSED, summary, figures=figures)
     return Row("replicas", FAILED, summary, differs="; ".join(problems), cause=cause,
                figures=figures)
+
+
+def _without_randomness(probe) -> list[str]:
+    """Turn off the model's random training-time layers (Dropout and its kin, GaussianNoise)
+    before its training steps are traced: under several replicas each replica draws its own
+    random numbers, so only the rest of training can match step for step. Their names."""
+    import keras
+
+    names = []
+    for layer in probe.exp.model._flatten_layers():
+        if isinstance(layer, keras.layers.GaussianNoise) and layer.stddev:
+            layer.stddev = 0.0
+        elif "Dropout" in type(layer).__name__ and getattr(layer, "rate", 0):
+            layer.rate = 0.0
+        else:
+            continue
+        names.append(layer.name)
+    return names
 
 
 def _evaluation_cause(session: Session, probe, figure: str) -> str:

@@ -41,7 +41,8 @@ def test_a_test_split_that_overlaps_train_fails_the_data_check(verify):
     assert statuses(report) == {"data": "failed"}
     row = report["data"]
     assert "12 of the 64 rows of the test split are also rows of the train split" in row.differs
-    assert "overlapping" in row.cause and row.figures["test_rows_in_train"] == 12
+    assert row.cause.startswith("dataset.name='overlapping' gives some rows to two splits")
+    assert row.figures["test_rows_in_train"] == 12
     assert report.exit_code == 1
 
 

@@ -42,8 +42,9 @@ def check(session: Session) -> Row:
                 problems.append((
                     f"{shared} of the {len(hashes[b])} rows of the {b} split are also rows of "
                     f"the {a} split (same inputs and label)",
-                    f"{key} gives the {b} split rows of the {a} split (overlapping slices, or "
-                    "rows split after a shuffle with another seed, or duplicated rows)"))
+                    f"{key} gives some rows to two splits: overlapping slices, rows split after "
+                    "a shuffle with another seed, or the same row made twice (drop duplicates "
+                    "before splitting)"))
     problems += _finite(splits, raw, key)
     problems += _labels(session, labels, raw, key)
     problems += _standardized(session, figures)

@@ -82,10 +82,10 @@ def _session(overrides: list[str], options: Options, scratch: Path, config_dir,
                            "replicas) is not available yet: leave it out, and check a multi-worker "
                            "run by running it (see the distribution guide)")
     register_configs()
-    devices = configure_devices()  # before any user code or TensorFlow op
     session = Session(overrides, options, scratch, config_dir, config_path)
     session.run_config  # noqa: B018 - composed and validated now: a bad override is one line
-    if "replicas" in options.checks and not devices:
+    # (before TensorFlow is imported), then the devices, before any TensorFlow op
+    if not configure_devices() and "replicas" in options.checks:
         raise DistlabError("verify's replicas check needs 3 CPU devices, and TensorFlow "
                            "already runs in this process with fewer: run `distlab verify` "
                            "from the command line, or leave the check out "

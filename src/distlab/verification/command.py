@@ -15,7 +15,8 @@ def main(args: list[str], config_path: str | None = None) -> int:
     """Run the command on `args` (after `verify`); its exit status."""
     if any(a in ("-h", "--help") for a in args):
         print(USAGE)
-        print(__doc__.split("\n", 1)[0])
+        print("Checks the invariants of the run the overrides make, on a brief version of it "
+              "(see the guide 'Verify an experiment'); exit 0 when every check holds.")
         return 0
     config_dir, overrides = None, []
     rest = iter(args)

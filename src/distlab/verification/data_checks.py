@@ -74,8 +74,9 @@ def _finite(splits: dict[str, tf.data.Dataset], raw: Any, key: str) -> list[tupl
     for role, ds in splits.items():
         try:
             finite.check_splits({f"{role} split": ds}, input_names(spec), spec, key)
-        except DistlabError as e:
-            problems.append((str(e).split(":", 1)[1].strip().split(":")[0],
+        except DistlabError as e:  # "<key>: its <split> has NaN ... in N of M rows: why; ..."
+            said = str(e).removeprefix(f"{key}: its ").split(": a model trains")[0]
+            problems.append((said,
                              f"{key} gives NaN or Inf values (missing values read as NaN, or "
                              "a division by zero in the builder): drop or impute them"))
     return problems

@@ -165,6 +165,7 @@ class Command:
     multirun: bool = False
     flags: list[str] = field(default_factory=list)  # --cfg job, --help, --info ...
     overrides: list[str] = field(default_factory=list)
+    verify: bool = False  # `distlab verify OVERRIDES` (its verify.* settings left out)
 
     @property
     def program(self) -> str:
@@ -182,7 +183,7 @@ class Command:
     @property
     def trains(self) -> bool:
         """A single training or evaluation run (not a sweep, not --cfg/--help/--info)."""
-        return self.is_distlab and not self.sweeps and not self.flags
+        return self.is_distlab and not self.sweeps and not self.flags and not self.verify
 
     @property
     def id(self) -> str:
@@ -221,6 +222,9 @@ def _parsed(command: Command) -> Command:
     if not command.is_distlab:
         return command
     args = command.argv[1 if command.program == "distlab" else 2:]
+    if args[:1] == ["verify"]:  # the run's overrides are checked; verify's own settings not
+        command.verify = True
+        args = [a for a in args[1:] if not a.startswith("verify.")]
     i = 0
     while i < len(args):
         arg = args[i]

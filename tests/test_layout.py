@@ -15,7 +15,8 @@ from conftest import ROOT
 
 SRC = ROOT / "src" / "distlab"
 FOLDERS = ["components", "config", "config/schema", "data", "distribute", "keras_patches", "launch",
-           "records", "reporting", "tracking", "training", "training/actions", "training/loops"]
+           "records", "reporting", "tracking", "training", "training/actions", "training/loops",
+           "verification"]
 
 
 # The layers, bottom up, as src/distlab/__init__.py's docstring lists them: a module of the
@@ -27,8 +28,8 @@ LAYERS = [
     ("distribute", "tracking", "keras_patches"),
     ("data", "components", "plugins"),
     ("training",),
-    ("launch", "reporting"),
-    ("cli", "", "tasks", "loops", "hydra_plugins"),
+    ("launch", "reporting", "verification"),
+    ("cli", "__main__", "", "tasks", "loops", "hydra_plugins"),
 ]
 
 

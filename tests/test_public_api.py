@@ -25,6 +25,7 @@ DOCUMENTED = [
     ("distlab", "DatasetConfig", None), ("distlab", "Task", None), ("distlab", "Metric", None),
     ("distlab", "Loop", None), ("distlab", "DistlabError", None),
     ("distlab", "keras_inputs", None), ("distlab", "__version__", None),
+    ("distlab", "verify", None), ("distlab", "Report", None),  # 0.2.0 (dev): distlab verify
     ("distlab.config", "DatasetConfig", None),
     ("distlab.errors", "ConfigError", None), ("distlab.errors", "DistlabError", None),
     ("distlab.tracking", "Tracker", None),

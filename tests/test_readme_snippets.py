@@ -354,6 +354,11 @@ def test_python_block_runs(block: Block, tiny_data_dir, tmp_path, monkeypatch):
             assert done.ok, done
             code = code.replace("outputs/<date>/<time>", str(run))
         monkeypatch.setattr(distlab, "train", train)
+        real_verify = distlab.verify  # on the tiny data, into tmp_path
+        monkeypatch.setattr(distlab, "verify", lambda overrides=(), config_dir=None, **kw: (
+            real_verify([*overrides, f"dataset.data_dir={tiny_data_dir}",
+                         f"verify.dir={tmp_path / 'verify'}"], config_dir,
+                        config_path=ROOT / "conf")))
         namespace: dict = {"__name__": "__snippet__"}
         exec(compile(code, block.where, "exec"), namespace)  # noqa: S102 - the doc's code
     kept = {k: v for k, v in namespace.items() if isinstance(v, distlab.Results)}

@@ -2,7 +2,9 @@
 
 `train(overrides)` composes the config as the `distlab` command does and runs one job in
 this process; `run(cfg, output_dir)` runs an already composed config (what each Hydra job
-calls). Both return a `Results` and never exit. `register` adds your own component to a
+calls). Both return a `Results` and never exit. `verify(overrides)` checks that run's
+invariants on a brief version of it and returns a `Report` (`distlab verify` on the command
+line). `register` adds your own component to a
 group's registry; a dataset builder returns `DataSplits`, a task builder a `Task` of
 `Metric`s, a loop is a `Loop` subclass, and a dataset schema subclasses `DatasetConfig`;
 `keras_inputs(input_spec)` gives a model builder the `keras.Input`s of structured inputs.
@@ -24,8 +26,8 @@ import statement, those inside functions too):
 3. `distribute`, `tracking`, `keras_patches`
 4. `data`, `components`, `plugins`
 5. `training`
-6. `launch`, `reporting`
-7. `cli`, this module and its aliases (`tasks`, `loops`), and the Hydra plug-ins
+6. `launch`, `reporting`, `verification`
+7. `cli`, `__main__`, this module and its aliases (`tasks`, `loops`), and the Hydra plug-ins
    (`hydra_plugins`)
 """
 
@@ -39,6 +41,7 @@ from distlab.errors import DistlabError
 from distlab.launch.api import train
 from distlab.launch.job import Results, run
 from distlab.registry import register
+from distlab.verification import Report, verify
 
 __version__ = "0.2.0"
 
@@ -55,5 +58,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'distlab' has no attribute {name!r}")
 
 
-__all__ = ["train", "run", "Results", "register", "DataSplits", "DatasetConfig", "Task",
-           "Metric", "Loop", "DistlabError", "keras_inputs", "__version__"]
+__all__ = ["train", "run", "Results", "register", "verify", "Report", "DataSplits",
+           "DatasetConfig", "Task", "Metric", "Loop", "DistlabError", "keras_inputs", "__version__"]

@@ -2,6 +2,7 @@
 
 `distlab ARGS` reads the configs installed with the package (`pkg://distlab.conf`);
 `python run.py ARGS` in a checkout calls `main` with the checkout's `conf/` directory.
+`distlab verify ARGS` checks the run ARGS make (`distlab.verification`).
 Importing this module does not import TensorFlow, so `--cfg job` and `--help` stay fast.
 """
 
@@ -89,6 +90,11 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     `config_path`: the primary config directory, as an absolute path or a `pkg://` package.
     A run dir named on the command line that cannot be created is one error line, exit 1.
     """
+    if sys.argv[1:2] == ["verify"]:  # `distlab verify OVERRIDES`: distlab.verification
+        from distlab.verification.command import main as verify
+
+        sys.exit(verify(sys.argv[2:], None if config_path == PACKAGE_CONFIG_PATH
+                        else config_path))
     register_configs()
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")

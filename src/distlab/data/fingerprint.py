@@ -42,28 +42,38 @@ def of_splits(cfg: DictConfig, splits: Any) -> dict[str, str | None]:
     known = splits.origin.fingerprints(cfg, splits) if splits.origin is not None else None
     if known is not None:  # the rows' identities (tfds)
         return known
-    train = _row_hashes(splits.train)
-    prints = {"train": _digest(train), "test": _digest(_row_hashes(splits.test)),
+    train = row_hashes(splits.train)
+    prints = {"train": _digest(train), "test": _digest(row_hashes(splits.test)),
               "validation": None}
     if splits.held_out is not None:
         prints["train"], prints["validation"] = (_digest(train[~splits.held_out]),
                                                  _digest(train[splits.held_out]))
     elif splits.validation is not None:
-        prints["validation"] = _digest(_row_hashes(splits.validation))
+        prints["validation"] = _digest(row_hashes(splits.validation))
     return prints
 
 
-def _row_hashes(ds: tf.data.Dataset) -> np.ndarray:
+def row_hashes(ds: tf.data.Dataset) -> np.ndarray:
     """A uint64 fingerprint of each (input, label) row of `ds`, in order."""
-    def one(x: Any, y: Any) -> tf.Tensor:
+    return row_hashes_and_labels(ds)[0]
+
+
+def row_hashes_and_labels(ds: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(`row_hashes`, every label value flattened) of `ds`, in one pass."""
+    def one(x: Any, y: Any) -> tuple[tf.Tensor, tf.Tensor]:
         parts = [tf.io.serialize_tensor(t) for t in tf.nest.flatten((x, y))]
         framed = [tf.strings.join([tf.strings.as_string(tf.strings.length(p)), p],
                                   separator=":") for p in parts]
-        return tf.fingerprint(tf.expand_dims(tf.strings.join(framed), 0))[0]
+        return tf.fingerprint(tf.expand_dims(tf.strings.join(framed), 0))[0], y
 
     batches = ds.map(one, num_parallel_calls=tf.data.AUTOTUNE).batch(8192)
-    rows = [np.asarray(b) for b in batches.as_numpy_iterator()]
-    return np.concatenate(rows).view(np.uint64).ravel() if rows else np.zeros(0, np.uint64)
+    hashes, labels = [], []
+    for h, y in batches.as_numpy_iterator():
+        hashes.append(np.asarray(h))
+        labels.append(np.asarray(y).ravel())
+    if not hashes:
+        return np.zeros(0, np.uint64), np.zeros(0)
+    return np.concatenate(hashes).view(np.uint64).ravel(), np.concatenate(labels)
 
 
 def _digest(hashes: np.ndarray) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +35,7 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
     path = str(exp.run_dir.saved_model)
     data, model = exp.data, exp.model
     names = input_names(data.raw_input)
-    spec = tf.nest.pack_sequence_as(data.raw_input, [
-        tf.TensorSpec([None, *s.shape], s.dtype, name=name)
-        for s, name in zip(tf.nest.flatten(data.raw_input), names, strict=True)])
-
-    def serve(inputs: Any) -> Any:
-        return model(data.preprocess(inputs), training=False)
-
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    for endpoint in ("serve", "serving_default"):
-        archive.add_endpoint(endpoint, serve, input_signature=[spec])
-    _write_whole(archive, exp.run_dir.saved_model)
+    write(exp)
     raw = next(iter(batched(data.raw_test, 32)))[0]
     expected = _flat(model(data.preprocess(raw), training=False))
     plain = tf.saved_model.load(path)
@@ -69,6 +59,32 @@ def export_and_check(exp: Experiment) -> dict[str, Any]:
     log.info("exported %s: serving_default takes raw inputs %s (reloaded with and without "
              "the strategy, max abs diff %.2g)", path, describe_inputs(data.raw_input), diff)
     return {"saved_model": "saved_model", "export_max_abs_diff": diff}
+
+
+def write(exp: Experiment) -> Path:
+    """Write the SavedModel of `exp`'s model to its run dir's saved_model/ (its `serve` and
+    `serving_default` signatures take raw inputs: `serving_function`); its path."""
+    data = exp.data
+    names = input_names(data.raw_input)
+    spec = tf.nest.pack_sequence_as(data.raw_input, [
+        tf.TensorSpec([None, *s.shape], s.dtype, name=name)
+        for s, name in zip(tf.nest.flatten(data.raw_input), names, strict=True)])
+    archive = keras.export.ExportArchive()
+    archive.track(exp.model)
+    for endpoint in ("serve", "serving_default"):
+        archive.add_endpoint(endpoint, serving_function(exp), input_signature=[spec])
+    _write_whole(archive, exp.run_dir.saved_model)
+    return exp.run_dir.saved_model
+
+
+def serving_function(exp: Experiment) -> Callable[[Any], Any]:
+    """Raw inputs -> the model's outputs: the inference-time preprocessing, then the model."""
+    model, preprocess = exp.model, exp.data.preprocess
+
+    def serve(inputs: Any) -> Any:
+        return model(preprocess(inputs), training=False)
+
+    return serve
 
 
 def _write_whole(archive: keras.export.ExportArchive, path: Path) -> None:

@@ -1,0 +1,97 @@
+"""`distlab verify`'s own settings (`verify.<key>=value` among the run's overrides) and the
+overrides that make a run brief. No TensorFlow here."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distlab.errors import ConfigError
+
+CHECKS = ("data", "determinism", "replicas", "loops", "resume", "export", "workers")
+DEFAULT_CHECKS = CHECKS[:-1]  # workers: opt-in (verify.workers=true)
+
+
+@dataclass
+class Options:
+    """checks: the rows to run; steps: training steps each compared run takes; batch: the
+    examples per replica (1 x 2B against 2 x B); rows: the test rows scored; dir: the
+    scratch directory (default outputs/verify/<date>/<time>)."""
+
+    checks: list[str] = field(default_factory=lambda: list(DEFAULT_CHECKS))
+    steps: int = 3
+    batch: int = 8
+    rows: int = 100
+    dir: Path | None = None
+    workers: bool = False
+
+
+def split_overrides(args: list[str]) -> tuple[list[str], Options]:
+    """(the run's overrides, verify's options) from the command's arguments."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    options, overrides = Options(), []
+    for text in args:
+        key = text.split("=", 1)[0].strip().lstrip("+~")
+        if not key.startswith("verify."):
+            overrides.append(text)
+            continue
+        name = key.removeprefix("verify.")
+        try:
+            value = parser.parse_override(text.lstrip("+")).value()
+        except Exception as e:  # noqa: BLE001 - Hydra's grammar error: one line
+            raise ConfigError(f"{text}: not an override ({str(e).splitlines()[0]})") from None
+        _set(options, name, value)
+    if options.workers and "workers" not in options.checks:
+        options.checks.append("workers")
+    return overrides, options
+
+
+def _set(options: Options, name: str, value: object) -> None:
+    if name == "checks":
+        checks = [str(v) for v in (value if isinstance(value, list) else [value])]
+        unknown = [c for c in checks if c not in CHECKS]
+        if unknown or not checks:
+            raise ConfigError(f"verify.checks={value}: {unknown[0] if unknown else 'empty'} is "
+                              f"not a check; the checks: {', '.join(CHECKS)}")
+        options.checks = checks
+    elif name in ("steps", "batch", "rows"):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1 \
+                or (name == "steps" and value < 2):
+            least = 2 if name == "steps" else 1
+            raise ConfigError(f"verify.{name}={value}: must be an integer >= {least}")
+        setattr(options, name, value)
+    elif name == "workers":
+        if not isinstance(value, bool):
+            raise ConfigError(f"verify.workers={value}: must be true or false")
+        options.workers = value
+    elif name == "dir":
+        options.dir = Path(str(value)).expanduser()
+    else:
+        raise ConfigError(f"verify.{name} is not a setting of distlab verify; its settings: "
+                          "verify.checks, verify.steps, verify.batch, verify.rows, "
+                          "verify.workers, verify.dir")
+
+
+def scratch_dir(options: Options) -> Path:
+    """Where verify's runs write (the directory verify.json goes to)."""
+    if options.dir is not None:
+        return options.dir
+    return Path("outputs") / "verify" / time.strftime("%Y-%m-%d") / time.strftime("%H-%M-%S")
+
+
+SHUFFLE_BUFFER = 256  # at most: a brief run reads no more rows than it needs to start
+
+
+def brief(options: Options, batch: int | None = None, shuffle_buffer: int | None = None
+          ) -> list[str]:
+    """Overrides that make a run brief: `options.steps` steps an epoch, 2 epochs, small
+    batches, a small shuffle buffer (`shuffle_buffer`, the run's: at most SHUFFLE_BUFFER),
+    no export (the export check makes its own), no progress bar, deterministic."""
+    buffer = min(SHUFFLE_BUFFER, SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer)
+    return [f"trainer.steps_per_epoch={options.steps}", "trainer.epochs=2",
+            f"dataset.batch_size_per_replica={batch or options.batch}",
+            f"dataset.shuffle_buffer={buffer}", "trainer.export=false", "loop.verbose=0",
+            "deterministic=true"]

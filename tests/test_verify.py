@@ -1,0 +1,159 @@
+"""`distlab verify`: each planted fault is caught by the check that should catch it (and the
+other checks the test runs hold), verify passes on the tiny MNIST data for the default loop,
+and the command's table, verify.json and exit status. In-process (`distlab.verify`), each
+test running only the checks its fault needs, on the tiny data."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+
+import pytest
+
+import distlab
+
+USER = ("imports=[verify_faults]", "dataset.preprocess.rescale=null", "model=mlp",
+        "model.hidden_units=[16]", "dataset.validation=null")
+
+
+@pytest.fixture
+def verify(tiny_data_dir, tmp_path):
+    """verify(*overrides, checks=[...]) -> Report, on the tiny data, into tmp_path."""
+    counter = iter(range(100))
+
+    def _verify(*overrides: str, checks: list[str]):
+        return distlab.verify([f"dataset.data_dir={tiny_data_dir}", *overrides,
+                               f"verify.checks=[{','.join(checks)}]", "verify.steps=2",
+                               f"verify.dir={tmp_path / f'verify{next(counter)}'}"])
+
+    return _verify
+
+
+def statuses(report) -> dict[str, str]:
+    assert report.error is None, report.error
+    return {row.check: row.status for row in report.rows}
+
+
+# ---- the data check (no training: the fast tier)
+def test_a_test_split_that_overlaps_train_fails_the_data_check(verify):
+    report = verify(*USER, "dataset.name=overlapping", checks=["data"])
+    assert statuses(report) == {"data": "failed"}
+    row = report["data"]
+    assert "12 of the 64 rows of the test split are also rows of the train split" in row.differs
+    assert row.cause.startswith("dataset.name='overlapping' gives some rows to two splits")
+    assert row.figures["test_rows_in_train"] == 12
+    assert report.exit_code == 1
+
+
+def test_a_nan_feature_fails_the_data_check(verify):
+    report = verify(*USER, "dataset.name=nan_feature", checks=["data"])
+    assert statuses(report) == {"data": "failed"}
+    row = report["data"]
+    assert "test split has NaN or Inf in input 'inputs' in 1 of 64 rows" in row.differs, row
+    assert "NaN" in row.cause
+
+
+def test_clean_rows_pass_the_data_check_and_verify_json_says_so(verify):
+    report = verify(*USER, "dataset.name=clean_rows", checks=["data"])
+    assert statuses(report) == {"data": "passed"} and report.exit_code == 0
+    written = json.loads(report.json_path.read_text())
+    assert written["ok"] is True and [r["check"] for r in written["rows"]] == ["data"]
+    assert "256 train / 64 test rows" in report.table()
+
+
+def test_the_command_prints_a_row_per_check_and_its_status_says_whether_all_hold(
+        tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """`distlab verify ARGS` (through the `distlab` command's entry point): the table, then
+    exit 1 on a failed row, 0 when every row holds, 2 for a flag it does not take."""
+    from conftest import ROOT
+
+    from distlab import cli
+
+    def command(*args: str) -> int:
+        monkeypatch.setattr("sys.argv", ["distlab", "verify", f"dataset.data_dir={tiny_data_dir}",
+                                         *USER, "verify.checks=[data]", *args])
+        with pytest.raises(SystemExit) as ended:
+            cli.main(config_path=str(ROOT / "conf"))
+        return ended.value.code
+
+    assert command("dataset.name=overlapping", f"verify.dir={tmp_path / 'a'}") == 1
+    out = capsys.readouterr().out
+    assert re.search(r"\ndata +failed ", out), out
+    assert "differs: 12 of the 64 rows of the test split" in out
+    assert "1 check(s) failed" in out and str(tmp_path / "a" / "verify.json") in out
+    assert command("dataset.name=clean_rows", f"verify.dir={tmp_path / 'b'}") == 0
+    assert "every check holds" in capsys.readouterr().out
+    assert command("--cfg", "job") == 2
+    assert capsys.readouterr().err.startswith("error: distlab verify does not take --cfg")
+
+
+def test_a_bad_verify_setting_is_one_line():
+    report = distlab.verify(["verify.checks=[data,speed]"])
+    assert report.exit_code == 2 and report.rows == []
+    assert report.error == ("verify.checks=['data', 'speed']: speed is not a check; the checks: "
+                            "data, determinism, replicas, loops, resume, export, workers")
+    assert "\n" not in report.error
+
+
+# ---- checks that train (a few steps each)
+@pytest.mark.slow
+def test_a_builder_that_shuffles_with_an_unseeded_generator_fails_determinism(verify):
+    report = verify(*USER, "dataset.name=unseeded_shuffle", checks=["data", "determinism"])
+    assert statuses(report) == {"data": "passed", "determinism": "failed"}
+    row = report["determinism"]
+    assert row.differs.startswith("per-step losses differ (step 1: loss")
+    assert ("dataset.name='unseeded_shuffle') gives the same rows in another order each time "
+            "it is called: a shuffle or sample with an unseeded generator") in row.cause
+
+
+@pytest.mark.slow
+def test_a_metric_whose_state_is_a_mean_fails_the_replicas_check(verify):
+    report = verify(*USER, "dataset.name=clean_rows", "task.name=mean_state",
+                    checks=["replicas"])
+    assert statuses(report) == {"replicas": "failed"}
+    row = report["replicas"]
+    assert ("the initial model's test mean_state_accuracy on 64 test rows is 0.359375 on 1 "
+            "replica and 0.71875 on 2") in row.differs
+    assert "test loss" not in row.differs  # the loss, a sum, agrees
+    assert row.cause.startswith("task metric 'mean_state_accuracy' (MeanStateAccuracy): its "
+                                "state is not a sum over rows")
+
+
+@pytest.mark.slow
+def test_a_user_loop_without_model_losses_under_l2_is_a_loops_warning(verify):
+    report = verify(*USER, "imports=[verify_faults,user_loops]", "dataset.name=clean_rows",
+                    "model.l2=0.01", "loop=custom", "loop.name=own_loss",
+                    checks=["loops"])
+    assert statuses(report) == {"loops": "warning"}
+    assert report.exit_code == 0  # a user's loop may differ on purpose
+    row = report["loops"]
+    assert "the loss leaves out model.losses (2 regularisation term(s))" in row.differs, row
+    assert row.summary.startswith("loop=own_loss against loop=custom")
+
+
+@pytest.mark.slow
+def test_an_export_that_forgets_preprocessing_fails_the_export_check(verify, monkeypatch):
+    from distlab.training import export
+
+    def forgetful(exp):  # the model fed raw inputs: no dataset.preprocess
+        return lambda inputs: exp.model(export.tf.cast(inputs, "float32"), training=False)
+
+    monkeypatch.setattr(export, "serving_function", forgetful)
+    report = verify("model=mlp", "model.hidden_units=[16]", "dataset.validation=null",
+                    checks=["export"])
+    assert statuses(report) == {"export": "failed"}
+    row = report["export"]
+    assert row.differs.startswith("predictions differ by up to")
+    assert row.cause.startswith("the export leaves out the inference-time preprocessing")
+
+
+@pytest.mark.slow
+def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify):
+    report = verify(checks=["data", "determinism", "replicas", "loops", "resume", "export"])
+    assert statuses(report) == dict.fromkeys(
+        ["data", "determinism", "replicas", "loops", "resume", "export"], "passed"), \
+        report.table()
+    assert report.exit_code == 0
+    assert report["resume"].figures["stopped"].startswith(
+        f"stopped by signal {int(signal.SIGTERM)} at epoch 1, step 1")

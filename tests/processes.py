@@ -40,8 +40,7 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
 def _child(script: str, args: list[str], cwd: str, env: dict[str, str], out: str,
            err: str | None) -> None:
     """In the forked process: become `python SCRIPT ARGS` in `cwd` with `env`."""
-    import atexit
-    import runpy
+    import faulthandler
 
     for fd, path in ((1, out), (2, err or out)):
         target = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -54,17 +53,48 @@ def _child(script: str, args: list[str], cwd: str, env: dict[str, str], out: str
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python's own start-up does
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung test's stacks: kill -USR1
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)
+    os._exit(_run_as_main(script))
+
+
+def _run_as_main(script: str) -> int:
+    """Run `script` as `__main__`, then end as the interpreter does: non-daemon threads
+    joined (and what libraries registered with threading, such as joblib's executor
+    shutdown), then the atexit handlers; the exit status (a KeyboardInterrupt that nothing
+    caught ends the process by SIGINT, as Python does)."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    status, interrupted = 0, False
     try:
         runpy.run_path(script, run_name="__main__")
-    finally:
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            status = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+            status = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return status
 
 
 class Process:
@@ -132,7 +162,7 @@ class Process:
         self.send_signal(signal.SIGKILL)
 
     def __del__(self) -> None:
-        if getattr(self, "returncode", 0) is None and self.poll() is None:
+        if hasattr(self, "pid") and self.returncode is None and self.poll() is None:
             self.kill()
 
 

@@ -315,53 +315,38 @@ def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_jobs_of_a_killed_joblib_sweep_stop_with_a_checkpoint_and_resume(tiny_data_dir,
                                                                          tmp_path):
-    """kill -9 of a joblib sweep's own process: its two job processes (joblib's workers) stop
-    at the next step with a checkpoint and results.json `interrupted`, releasing their run
-    dirs, so that the rerun of the sweep resumes both (they trained on before, unseen, and
-    the rerun was refused as in use)."""
+    """kill -9 of a joblib sweep's own process, both jobs mid-epoch (held at a gate): its
+    two job processes (joblib's workers) stop at the next step with a checkpoint and
+    results.json `interrupted`, releasing their run dirs, so that the rerun of the sweep
+    resumes both (they trained on before, unseen, and the rerun was refused as in use)."""
     import os
     import signal
-    import subprocess
-    import sys
-    import time
 
-    args = ["-m", *fast_overrides(tiny_data_dir), "hydra/launcher=joblib",
-            "hydra.launcher.n_jobs=2", "loop=custom", "model=mlp", "model.hidden_units=[8]",
-            "trainer.epochs=3", "trainer.steps_per_epoch=600", "seed=1,2",
-            f"hydra.sweep.dir={tmp_path}"]
-    sweep = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    jobs = [tmp_path / str(n) for n in (0, 1)]
-    deadline = time.time() + 300
-    try:
-        while not all((job / "history.csv").exists() and len(
-                (job / "history.csv").read_text().splitlines()) > 1 for job in jobs):
-            assert sweep.poll() is None, "the sweep ended before its jobs' first epoch"
-            assert time.time() < deadline, "timed out waiting for the jobs' first epoch"
-            time.sleep(0.1)
-    finally:
-        sweep.send_signal(signal.SIGKILL)
-        sweep.wait()
-    while not all((_results(job) if (job / "results.json").exists() else {}).get("status")
-                  == "interrupted" for job in jobs):
-        for job in jobs:
-            results = RunDir(job).read_results() or {}
-            assert results.get("status") in (None, "interrupted"), results
-        assert time.time() < deadline, "the jobs did not stop after the sweep was killed"
-        time.sleep(0.2)
+    from test_sweep_signals import PATHS, Sweep, _args
+
+    sweep_dir, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = _args(tiny_data_dir, sweep_dir, "joblib", store)
+    jobs = [sweep_dir / "0", sweep_dir / "1"]
+    with Sweep(args, tmp_path / "gate") as sweep:
+        pids = sweep.jobs_at_gate()
+        os.kill(sweep.proc.pid, signal.SIGKILL)  # the sweep's process alone
+        sweep.finish()
+        for pid in pids:  # each job sees its sweep gone, checkpoints and exits
+            sweep.wait_gone(pid)
     for job in jobs:
-        assert _results(job)["epochs_completed"] < 3
-        holder = (job / ".distlab" / "lock").read_text()
-        pid = int(holder.split("pid ")[1].split(",")[0])
-        while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
-            time.sleep(0.1)  # the job process exits after its checkpoint
-    out = run_cli(*args, timeout=300)
+        cut = _results(job)
+        assert (cut["status"], cut["epochs_completed"], cut["steps_in_epoch"]) == (
+            "interrupted", 0, 3), cut
+        assert (job / "checkpoints" / "checkpoint").exists()
+    out = run_cli(*args, timeout=300, env=PATHS)  # ungated
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     for job in jobs:
         resumed = _results(job)
-        assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
+        assert (resumed["status"], resumed["epochs_completed"]) == ("completed", 1), resumed
+        assert "resuming from" in (job / "run.log").read_text()
 
 
 def test_the_plot_is_a_list_of_panels():

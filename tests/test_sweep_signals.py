@@ -62,6 +62,16 @@ class Sweep:
             output = self.proc.communicate()[0] + "\n<killed: timeout>"
         return self.proc.returncode, output
 
+    def wait_gone(self, pid: int) -> None:
+        """Until process `pid` (a job of the sweep) has exited; killed on expiry."""
+        from distlab.launch.sweep_parent import alive
+
+        while alive(pid):
+            if time.monotonic() > self.expiry:
+                self.kill()
+                raise AssertionError(f"job process {pid} did not exit")
+            time.sleep(0.05)
+
     def kill(self) -> None:
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)

@@ -35,22 +35,33 @@ class ReviewsConfig(DatasetConfig):
     negation_rate: float = 0.3  # share of reviews whose sentiment word is negated
 
 
-def reviews(n: int, seed: int, negation_rate: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
-    """`n` reviews (a string array) and their labels (int64, 1 = positive)."""
+def review(rng: np.random.Generator, negation_rate: float) -> tuple[str, int]:
+    """One review and its label (1 = positive)."""
+    positive, negated = bool(rng.integers(2)), bool(rng.random() < negation_rate)
+    aspect = ASPECTS[rng.integers(len(ASPECTS))]
+    word = (POSITIVE if positive else NEGATIVE)[rng.integers(len(POSITIVE))]
+    clause = (f"{aspect} was {'not ' if negated else ''}"
+              f"{INTENSIFIERS[rng.integers(len(INTENSIFIERS))]}{word}")
+    if rng.random() < 0.5:  # a neutral clause, before or after
+        other = (f"{ASPECTS[rng.integers(len(ASPECTS))]} was "
+                 f"{NEUTRAL[rng.integers(len(NEUTRAL))]}")
+        clause = f"{other} and {clause}" if rng.random() < 0.5 else f"{clause}, {other}"
+    return clause, int(positive != negated)
+
+
+def reviews(n: int, seed: int, negation_rate: float = 0.3,
+            exclude: frozenset[str] = frozenset()) -> tuple[np.ndarray, np.ndarray]:
+    """`n` distinct reviews, none of them in `exclude` (a string array), and their labels
+    (int64, 1 = positive): a review drawn twice is drawn again, so that no review is both
+    in train and in validation or test."""
     rng = np.random.default_rng(seed)
-    texts, labels = [], []
-    for _ in range(n):
-        positive, negated = bool(rng.integers(2)), bool(rng.random() < negation_rate)
-        aspect = ASPECTS[rng.integers(len(ASPECTS))]
-        word = (POSITIVE if positive else NEGATIVE)[rng.integers(len(POSITIVE))]
-        clause = (f"{aspect} was {'not ' if negated else ''}"
-                  f"{INTENSIFIERS[rng.integers(len(INTENSIFIERS))]}{word}")
-        if rng.random() < 0.5:  # a neutral clause, before or after
-            other = (f"{ASPECTS[rng.integers(len(ASPECTS))]} was "
-                     f"{NEUTRAL[rng.integers(len(NEUTRAL))]}")
-            clause = f"{other} and {clause}" if rng.random() < 0.5 else f"{clause}, {other}"
-        texts.append(clause)
-        labels.append(int(positive != negated))
+    texts, labels, seen = [], [], set(exclude)
+    while len(texts) < n:
+        text, label = review(rng, negation_rate)
+        if text not in seen:
+            seen.add(text)
+            texts.append(text)
+            labels.append(label)
     return np.array(texts), np.array(labels, np.int64)
 
 
@@ -60,6 +71,6 @@ def reviews_dataset(cfg: DictConfig) -> distlab.DataSplits:
     if not 0 <= cfg.negation_rate <= 1:
         raise distlab.DistlabError(
             f"dataset.negation_rate={cfg.negation_rate} is invalid: must be in [0, 1]")
-    return distlab.DataSplits(train=reviews(cfg.train_size, cfg.seed, cfg.negation_rate),
-                              test=reviews(cfg.test_size, cfg.seed + 1, cfg.negation_rate),
-                              num_classes=2)
+    train = reviews(cfg.train_size, cfg.seed, cfg.negation_rate)
+    test = reviews(cfg.test_size, cfg.seed + 1, cfg.negation_rate, frozenset(train[0]))
+    return distlab.DataSplits(train=train, test=test, num_classes=2)

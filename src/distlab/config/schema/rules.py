@@ -12,7 +12,8 @@ from typing import Any
 from distlab.records.results import finite  # noqa: F401 - a rule of the schema's
 
 # (ok(value), why not): `checks.validate` refuses a set value (null is never checked) whose
-# ok() is false with "<key>=<value> is invalid: <why>"; a TypeError counts as false.
+# ok() is false with "<key>=<value> is invalid: <why>"; a TypeError or AttributeError (a
+# value of another kind than the rule reads) counts as false.
 Rule = tuple[Callable[[Any], bool], str]
 
 

@@ -319,23 +319,23 @@ class World:
 _MLP = ("model=mlp", "model.hidden_units=[8]")
 IMAGES_ONLY = ("dataset.augment.",)
 _FLAT = ("model.name=flat_net",)
-WORLDS = (
-    # conf/'s datasets are tfds image classification sets (conftest's tiny copies)
-    *(World(option, option, (), ("classification",))
-      for option in group_options()["dataset"]),
-    # conftest's tfds set with its own feature names and a float label
-    World("tiny_regression", "mnist", ("dataset.name=tiny_regression", "dataset.features.input="
-                              "measurements", "dataset.features.label=target",
-                              "dataset.preprocess.rescale=null"), ("regression",), (_MLP,),
-          IMAGES_ONLY),
+WORLDS = (  # the cheapest first: Hypothesis' first example of a test is its simplest
     # tests/user_inputs.py's builders: a tuple, a dict, a nested dict of floats, mixed types
     *(World(name, "mnist", ("imports=[user_inputs]", f"dataset.name={name}",
-                   "dataset.preprocess.rescale=null"), ("classification", "binary"),
+                            "dataset.preprocess.rescale=null"), ("classification", "binary"),
             (_FLAT,) + ((_MLP,) if name == "raw_breast_cancer" else ()), IMAGES_ONLY)
       for name in ("tuple_data", "dict_floats", "nested_floats", "raw_breast_cancer")),
     World("mixed_data", "mnist", ("imports=[user_inputs]", "dataset.name=mixed_data",
-                         "dataset.preprocess.rescale=null"), ("classification", "binary"),
-          (("model.name=mixed_net",),), IMAGES_ONLY),
+                                  "dataset.preprocess.rescale=null"),
+          ("classification", "binary"), (("model.name=mixed_net",),), IMAGES_ONLY),
+    # conftest's tfds set with its own feature names and a float label
+    World("tiny_regression", "mnist", ("dataset.name=tiny_regression", "dataset.features.input="
+                                       "measurements", "dataset.features.label=target",
+                                       "dataset.preprocess.rescale=null"), ("regression",),
+          (_MLP,), IMAGES_ONLY),
+    # conf/'s datasets are tfds image classification sets (conftest's tiny copies)
+    *(World(option, option, (), ("classification",))
+      for option in group_options()["dataset"]),
 )
 # set by the harness or by the world, or not one run's business (files, clusters, trackers)
 HARNESS = frozenset({

@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from distlab.config.figures import check_objective, check_task_metrics, check_watched
-from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, Config, Rule
+from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, SEED, Config, Rule
 from distlab.errors import ConfigError, DistlabError
 from distlab.records.metrics import BUILTIN_METRICS, builtin_task_metrics
 
@@ -182,9 +182,10 @@ def check_metric_names(cfg: DictConfig) -> None:
 
 
 def _check_int_range(cfg: DictConfig) -> None:
-    """Integers beyond int32 overflow TensorFlow's counters: refuse them by key."""
+    """Integers beyond int32 overflow TensorFlow's counters: refuse them by key (a seed's
+    range is its rule's, [0, 2**32))."""
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
-        if (key.startswith(("hydra.", "callbacks.")) or key == "seed"
+        if (key.startswith(("hydra.", "callbacks.")) or RULES.get(key) is SEED
                 or not _distlab_option(cfg, key)):
             continue
         values = value if isinstance(value, list) else [value]

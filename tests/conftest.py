@@ -25,6 +25,27 @@ register_configs()
 TINY_TRAIN, TINY_TEST = 512, 192
 
 
+def _hypothesis_profiles() -> None:
+    """Hypothesis (tests/test_config_properties.py): `ci`, the default, draws the same
+    examples on every run (derandomized, no database: a failing example is kept as an
+    `@example` of its test), reports a failing one as drawn (shrinking trains again and
+    again) and has no deadline (TensorFlow's first traces are slow);
+    HYPOTHESIS_PROFILE=explore draws new ones, 10 times as many, and keeps what fails in
+    .hypothesis/."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    slow = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
+    settings.register_profile("ci", max_examples=30, derandomize=True, database=None,
+                              deadline=None, print_blob=True, suppress_health_check=slow,
+                              phases=[Phase.explicit, Phase.generate])  # (shrinking: explore)
+    settings.register_profile("explore", max_examples=300, deadline=None, print_blob=True,
+                              suppress_health_check=slow)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_hypothesis_profiles()
+
+
 def pytest_configure(config):
     """Three logical CPUs for the whole session (must happen before any TF op), so in-process
     tests can use strategy.cpu_devices=1, 2 or 3. SIGINT handled as Python's default even when

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from distlab.config.figures import check_objective, check_task_metrics, check_watched
-from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, Config, Rule
+from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, SEED, Config, Rule
 from distlab.errors import ConfigError, DistlabError
 from distlab.records.metrics import BUILTIN_METRICS, builtin_task_metrics
 
@@ -25,8 +25,8 @@ def check(key: str, value: Any, rule: Rule) -> None:
     ok, why = rule
     try:
         valid = ok(value)
-    except TypeError:
-        valid, why = False, f"{why} (got a {type(value).__name__})"
+    except (TypeError, AttributeError):  # a value of another kind (a list for a split name)
+        valid, why = False, f"{why} (got a {_kind(value)})"
     if not valid:
         raise ConfigError(f"{key}={_show(value)} is invalid: {why}")
 
@@ -182,9 +182,10 @@ def check_metric_names(cfg: DictConfig) -> None:
 
 
 def _check_int_range(cfg: DictConfig) -> None:
-    """Integers beyond int32 overflow TensorFlow's counters: refuse them by key."""
+    """Integers beyond int32 overflow TensorFlow's counters: refuse them by key (a seed's
+    range is its rule's, [0, 2**32))."""
     for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
-        if (key.startswith(("hydra.", "callbacks.")) or key == "seed"
+        if (key.startswith(("hydra.", "callbacks.")) or RULES.get(key) is SEED
                 or not _distlab_option(cfg, key)):
             continue
         values = value if isinstance(value, list) else [value]
@@ -204,6 +205,13 @@ def _distlab_option(cfg: DictConfig, key: str) -> bool:
         return True
     name = OmegaConf.select(cfg, f"{group}.name", default=None)
     return name is None or REGISTRIES[group].is_builtin(str(name))
+
+
+def _kind(value: Any) -> str:
+    """What a value is, in YAML's words where it is a config node (a list, a mapping)."""
+    if isinstance(value, ListConfig):
+        return "list"
+    return "mapping" if isinstance(value, DictConfig) else type(value).__name__
 
 
 def _show(value: Any) -> str:

@@ -56,6 +56,7 @@ from distlab.config.schema.rules import (
     POSITIVE,
     PRECISIONS,
     RESNET_DEPTH,
+    SEED,
     VALIDATION,
     Rule,
     checked,
@@ -107,7 +108,7 @@ class Config:
     callbacks: dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     # seeds the model, the data order of each epoch (with the epoch) and augmentation
-    seed: int = checked(42, (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"))
+    seed: int = checked(42, SEED)
     deterministic: bool = False  # true: seed everything and turn on TF op determinism
     precision: str = checked("float32", one_of(*PRECISIONS))  # the Keras dtype policy
     # train, or evaluate ckpt_path's checkpoint on the splits it was trained with
@@ -144,6 +145,7 @@ __all__ = ["AdamConfig", "AugmentConfig", "BestCheckpointConfig", "BinaryTaskCon
            "METRIC_NAMES", "MODE", "MlflowLoggerConfig", "MlpModelConfig", "NON_NEGATIVE",
            "OBJECTIVE", "OBJECTIVES", "OUTPUT_ACTIVATION", "OptimizerConfig", "POSITIVE",
            "PRECISIONS", "PreprocessConfig", "RESNET_DEPTH", "RMSpropConfig",
-           "RegressionTaskConfig", "ResNetModelConfig", "Rule", "SGDConfig", "ScheduleConfig",
+           "RegressionTaskConfig", "ResNetModelConfig", "Rule", "SEED", "SGDConfig",
+           "ScheduleConfig",
            "StepDecayConfig", "StrategyConfig", "TargetConfig", "ThroughputConfig",
            "TrainerConfig", "VALIDATION", "checked", "finite", "held_out_fraction", "one_of"]

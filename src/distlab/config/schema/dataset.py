@@ -13,6 +13,7 @@ from distlab.config.schema.rules import (
     FEATURE_NAMES,
     NON_NEGATIVE,
     POSITIVE,
+    SEED,
     VALIDATION,
     checked,
     one_of,
@@ -64,7 +65,7 @@ class DatasetConfig:
     # slice (validation, train[90%:]), or null (none)
     validation: str | None = checked("auto", VALIDATION)
     # which rows a held-out fraction takes (apart from seed, so sweeping seed keeps them)
-    validation_seed: int = checked(0, (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)"))
+    validation_seed: int = checked(0, SEED)
     # examples per replica per step; the global batch is this x the replicas of all workers
     batch_size_per_replica: int = checked(64, POSITIVE)
     shuffle_buffer: int = checked(10000, NON_NEGATIVE)  # examples; 0: no shuffling

@@ -12,7 +12,8 @@ from typing import Any
 from distlab.records.results import finite  # noqa: F401 - a rule of the schema's
 
 # (ok(value), why not): `checks.validate` refuses a set value (null is never checked) whose
-# ok() is false with "<key>=<value> is invalid: <why>"; a TypeError counts as false.
+# ok() is false with "<key>=<value> is invalid: <why>"; a TypeError or AttributeError (a
+# value of another kind than the rule reads) counts as false.
 Rule = tuple[Callable[[Any], bool], str]
 
 
@@ -62,4 +63,6 @@ FEATURE_NAMES: Rule = (lambda v: isinstance(v, str) and bool(v) or (
     and all(isinstance(k, str) and k for k in v)),
     "must be a feature name or a non-empty list of feature names")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+# a seed: any value in [0, 2**32) (the int32 limit below does not apply to it)
+SEED: Rule = (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)")
 INT_LIMIT = 2**31  # every integer key of distlab's options is below it (seed: below 2**32)

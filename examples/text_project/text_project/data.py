@@ -3,8 +3,8 @@
 The data is generated in this file (seeded, so every run sees the same sentences): no
 download. A review praises or pans one aspect of a film, sometimes negated ("was not
 good"), sometimes with a neutral clause about another aspect; the label is 1 (positive)
-when the sentiment word is positive and not negated, or negative and negated. A bag of
-single words cannot tell "good" from "not good": the model needs word pairs (bigrams).
+when the sentiment word is positive and not negated, or negative and negated. Reviews are
+distinct within and across splits.
 """
 
 from __future__ import annotations

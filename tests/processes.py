@@ -30,10 +30,25 @@ _context: multiprocessing.context.ForkServerContext | None = None
 
 
 def _forkserver() -> multiprocessing.context.ForkServerContext:
+    """The forkserver, started once, with this checkout's src/ first on its path (Python 3.11's
+    forkserver ignores the sys.path it is given: without PYTHONPATH it would import the
+    installed distlab, another checkout's in a git worktree)."""
     global _context
     if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
+        from multiprocessing import forkserver
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [saved])])
+        try:
+            forkserver.ensure_running()
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
+        _context = context
     return _context
 
 

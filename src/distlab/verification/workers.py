@@ -50,7 +50,9 @@ def check(session: Session) -> Row:
                    "cannot reach (a path relative to another directory, a module not on "
                    "PYTHONPATH), or the cluster did not form (ports, a firewall)")
     chief = json.loads((where / "W0" / "results.json").read_text())
-    figures = {"chief": str(where / "W0"), "one_process": str(where / "one-process")}
+    figures = {"chief": str(where / "W0"), "one_process": str(where / "one-process"),
+               "test_loss_workers": chief.get("test_loss"),
+               "test_loss_one_process": one.fields.get("test_loss")}
     problems, weights_differ = _compare(one.fields, chief, where, loss_rtol, weight_tol)
     if not problems:
         return Row("workers", PASSED, summary + ": equal", figures=figures)

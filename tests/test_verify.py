@@ -157,3 +157,15 @@ def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify):
     assert report.exit_code == 0
     assert report["resume"].figures["stopped"].startswith(
         f"stopped by signal {int(signal.SIGTERM)} at epoch 1, step 1")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_local_workers_train_as_one_process_with_two_replicas(verify):
+    """The workers row: 2 worker processes (each killed after WORKER_TIMEOUT) against 1
+    process with 2 replicas, on the tiny MNIST data."""
+    report = verify("model=mlp", "model.hidden_units=[16]", checks=["workers"])
+    assert statuses(report) == {"workers": "passed"}, report.table()
+    assert report.exit_code == 0
+    chief = report.scratch_dir / "workers" / "W0"
+    assert json.loads((chief / "results.json").read_text())["num_replicas"] == 2

@@ -11,7 +11,8 @@ what differs, by how much and the most likely cause in the user's code. Who owns
 - `probe`: an experiment built as a run builds it and stepped by hand (losses, weights,
   test figures);
 - `data_checks` (`data`), `training_checks` (`determinism`, `replicas`, `loops`),
-  `resume` (`resume`: a real SIGTERM and rerun), `export_check` (`export`);
+  `resume` (`resume`: a real SIGTERM and rerun), `export_check` (`export`), `workers`
+  (`workers`, opt-in: 2 local worker processes against 1 process with 2 replicas);
 - `report`: the rows, the table and `verify.json`; `command`: the `distlab verify` command.
 """
 
@@ -30,11 +31,17 @@ log = logging.getLogger("distlab")
 
 
 def _checks() -> dict[str, Callable]:
-    from distlab.verification import data_checks, export_check, resume, training_checks
+    from distlab.verification import (
+        data_checks,
+        export_check,
+        resume,
+        training_checks,
+        workers,
+    )
 
     return {"data": data_checks.check, "determinism": training_checks.determinism,
             "replicas": training_checks.replicas, "loops": training_checks.loops,
-            "resume": resume.check, "export": export_check.check}
+            "resume": resume.check, "export": export_check.check, "workers": workers.check}
 
 
 def verify(overrides: Sequence[str] = (), config_dir: str | Path | None = None, *,
@@ -77,10 +84,6 @@ def _session(overrides: list[str], options: Options, scratch: Path, config_dir,
     from distlab.config import register_configs
     from distlab.verification.session import Session, configure_devices
 
-    if options.workers:
-        raise DistlabError("verify.workers=true (2 local workers against 1 process with 2 "
-                           "replicas) is not available yet: leave it out, and check a multi-worker "
-                           "run by running it (see the distribution guide)")
     register_configs()
     session = Session(overrides, options, scratch, config_dir, config_path)
     session.run_config  # noqa: B018 - composed and validated now: a bad override is one line

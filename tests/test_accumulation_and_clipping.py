@@ -144,11 +144,14 @@ def test_an_accumulation_longer_than_the_run_is_refused(run_inprocess, tmp_path)
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_leftover_micro_batches_make_a_last_update_on_any_replica_count(loop, run_inprocess,
-                                                                        tmp_path, caplog):
+                                                                        monkeypatch, tmp_path,
+                                                                        caplog):
     """10 micro-batches of 16 with k=4: two updates of 4, then one with the mean gradient
     of the 2 left over, as batches of 64, 64 and a short 32 (clipped, momentum kept), on 1
     and 2 replicas; clipped, 1 x 64, 2 x 32 and 2 x 8 accumulated over 4 make the same
-    updates (the issue's figures differed in the 3rd decimal)."""
+    updates (the issue's figures differed in the 3rd decimal). Then the accumulated run
+    (keras_fit's on 1 replica, the custom loop's on 2) survives a stop and an extension:
+    `_leftover_update_survives_a_stop_and_an_extension`."""
     common = (f"loop={loop}", *SGD, SHORT, "trainer.epochs=1")
     runs: dict[str, dict] = {}
     for replicas in (1, 2):
@@ -180,22 +183,26 @@ def test_leftover_micro_batches_make_a_last_update_on_any_replica_count(loop, ru
     unclipped = run_inprocess(*common, "strategy=default", "dataset.batch_size_per_replica=64",
                               out=tmp_path / "u")
     assert abs(unclipped["test_loss"] - runs["w1"]["test_loss"]) > 1e-3  # the clipping bites
+    replicas = {"custom": 2, "keras_fit": 1}[loop]
+    _leftover_update_survives_a_stop_and_an_extension(
+        loop, replicas, runs[f"a{replicas}"], tmp_path / f"a{replicas}", run_inprocess,
+        monkeypatch, tmp_path / "stopped")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("loop,replicas", [("custom", 2), ("keras_fit", 1)])
-def test_leftover_update_survives_a_stop_and_an_extension(loop, replicas, run_inprocess,
-                                                          monkeypatch, tmp_path):
+def _leftover_update_survives_a_stop_and_an_extension(loop, replicas, uninterrupted: dict,
+                                                      a: Path, run_inprocess, monkeypatch,
+                                                      tmp_path: Path) -> None:
     """Stopped mid-accumulation, or after the last epoch's checkpoint but before the last
-    update, a rerun ends with the uninterrupted run's weights; a finished run rerun is not
-    updated again; raising trainer.epochs starts a fresh cycle after the last update, so the
-    extended run equals batches of 64, 64, 32 in every epoch."""
+    update, a rerun ends with the uninterrupted run's weights (`uninterrupted`, run dir `a`);
+    a finished run rerun is not updated again; raising trainer.epochs starts a fresh cycle
+    after the last update, so the extended run equals batches of 64, 64, 32 in every
+    epoch."""
     common = (f"loop={loop}", *SGD, CLIPNORM, SHORT, _strategy(replicas),
               f"dataset.batch_size_per_replica={16 // replicas}", "trainer.grad_accum_steps=4")
     whole = (f"loop={loop}", *SGD, CLIPNORM, SHORT, _strategy(replicas),
              f"dataset.batch_size_per_replica={64 // replicas}")
-    uninterrupted = run_inprocess(*common, "trainer.epochs=1", out=tmp_path / "a")
-    weights = _weights(tmp_path / "a")
+    tmp_path.mkdir(exist_ok=True)
+    weights = _weights(a)
     for name, step in (("mid", 9), ("end", 10)):  # 1 micro-batch pending; all 10 done
         stop_at(monkeypatch, epoch=0, step=step)
         with pytest.raises(SystemExit):
@@ -211,8 +218,8 @@ def test_leftover_update_survives_a_stop_and_an_extension(loop, replicas, run_in
     assert _max_diff(_weights(tmp_path / "end"), weights) < 1e-6
     assert again["test_loss"] == pytest.approx(uninterrupted["test_loss"], abs=1e-6)
     # extended to 2 epochs: epoch 2 is 2 updates of 4 and one of the 2 left over again
-    extended = run_inprocess(*common, "trainer.epochs=2", out=tmp_path / "a")
+    extended = run_inprocess(*common, "trainer.epochs=2", out=a)
     reference = run_inprocess(*whole, "trainer.epochs=2", out=tmp_path / "w")
     assert extended["epochs_completed"] == 2
     assert extended["test_loss"] == pytest.approx(reference["test_loss"], abs=1e-6)
-    assert _max_diff(_weights(tmp_path / "a"), _weights(tmp_path / "w")) < 1e-6
+    assert _max_diff(_weights(a), _weights(tmp_path / "w")) < 1e-6

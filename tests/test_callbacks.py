@@ -9,8 +9,6 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -190,20 +188,34 @@ def test_batch_hooks_set_on_the_instance_count():
 
 
 def _on_a_terminal(args: list[str]) -> str:
-    """`python run.py ARGS` with stdout on a pseudo-terminal: what it wrote there."""
+    """`python run.py ARGS` with stdout on a pseudo-terminal (stderr to /dev/null): what it
+    wrote there. The process is forked from the preloaded interpreter of tests/processes.py
+    (its own stdout opened on the terminal, as a command started there has)."""
+    import select
+
+    import processes
+
     master, child = os.openpty()
-    proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, stdout=child,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    os.close(child)
+    proc = processes._forkserver().Process(  # (processes.Process captures to a file)
+        target=processes._child, args=("run.py", list(args), str(ROOT), dict(os.environ),
+                                       os.ttyname(child), os.devnull))
+    proc.start()
     out = b""
-    try:
-        while chunk := _read(master):
-            out += chunk
-        assert proc.wait(timeout=300) == 0, out.decode()[-3000:]
+    try:  # our end of the terminal stays open until the process ended: no early EOF
+        while True:
+            ended = proc.exitcode is not None
+            while select.select([master], [], [], 0.05)[0] and (chunk := _read(master)):
+                out += chunk
+            if ended:
+                break
+            proc.join(0.05)
+        assert proc.exitcode == 0, out.decode()[-3000:]
     finally:
+        os.close(child)
         os.close(master)
-        if proc.poll() is None:
+        if proc.exitcode is None:
             proc.kill()
+            proc.join()
     return out.decode()
 
 
@@ -215,18 +227,26 @@ def _read(fd: int) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", ["custom", "keras_fit"])
-def test_a_progress_bar_per_epoch_on_a_terminal(loop, tiny_data_dir, tmp_path):
-    """(In a pipe, only the epoch lines: test_reliability.py's SIGTERM test, both loops.)"""
+def test_a_progress_bar_per_epoch_on_a_terminal(tiny_data_dir, tmp_path):
+    """One `python run.py -m` process on a terminal, both loops (a job each). (In a pipe, only
+    the epoch lines: test_reliability.py's SIGTERM test, both loops.)"""
     args = [a for a in fast_overrides(tiny_data_dir) if not a.startswith("loop.verbose")]
-    args += [f"loop={loop}", "trainer.steps_per_epoch=3", "strategy=default"]
-    shown = _on_a_terminal([*args, f"hydra.run.dir={tmp_path / 'tty'}"])
+    args += ["trainer.steps_per_epoch=3", "strategy=default"]
+    shown = _on_a_terminal(["-m", *args, "loop=custom,keras_fit",
+                            f"hydra.sweep.dir={tmp_path / 'tty'}"])
     assert "example_loss" not in shown
-    for epoch in (1, 2):  # the bar, finished, then distlab's epoch line on a line of its own
-        bar = shown.split(f"Epoch {epoch}/2\r\n")[1].split(f"] - epoch {epoch}/2 - ")[0]
-        assert "3/3" in bar and "━" in bar and "loss:" in bar and "examples/sec:" in bar
-        assert "\r" in bar  # redrawn in place
-        assert re.search(r"3/3[^\r\n]*\r\n\[[^\]\n]+\]\[distlab\]\[INFO$", bar), bar
+    jobs = re.split(r"#1 : ", shown)
+    assert len(jobs) == 2 and "#0 : " in jobs[0], shown[-3000:]
+    for loop, job in zip(("custom", "keras_fit"), jobs, strict=True):
+        for epoch in (1, 2):  # the bar, finished, then distlab's epoch line on a line of its own
+            bar = job.split(f"Epoch {epoch}/2\r\n")[1].split(f"] - epoch {epoch}/2 - ")[0]
+            assert "3/3" in bar and "━" in bar and "loss:" in bar, (loop, bar)
+            assert "examples/sec:" in bar, (loop, bar)
+            assert "\r" in bar, loop  # redrawn in place
+            assert re.search(r"3/3[^\r\n]*\r\n\[[^\]\n]+\]\[distlab\]\[INFO$", bar), (loop, bar)
+    for num, loop in enumerate(("custom", "keras_fit")):
+        results = json.loads((tmp_path / "tty" / str(num) / "results.json").read_text())
+        assert (results["loop"], results["status"]) == (loop, "completed")
 
 
 def test_the_readme_says_what_each_hook_gets():

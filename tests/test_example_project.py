@@ -59,9 +59,10 @@ def check_run_dir(path: Path, metrics: list[str], epochs: int, export: bool) -> 
 
 
 def test_digits_keras_fit_on_two_replicas(tmp_path):
+    # 2 epochs (of the example's 10): test accuracy 0.91
     run_example("experiment=digits", "loop=keras_fit", "strategy.cpu_devices=2",
-                "trainer.epochs=3", f"hydra.run.dir={tmp_path}", *QUIET)
-    results = check_run_dir(tmp_path, ["accuracy"], epochs=3, export=True)
+                "trainer.epochs=2", f"hydra.run.dir={tmp_path}", *QUIET)
+    results = check_run_dir(tmp_path, ["accuracy"], epochs=2, export=True)
     assert (results["dataset"], results["loop"]) == ("digits", "keras_fit")
     assert (results["num_replicas"], results["global_batch_size"]) == (2, 64)
     # 1347 train images (test_fraction 0.25), 0.1 of them held out for validation, by 64
@@ -156,17 +157,19 @@ def check_string_input_served(example: str, experiment: str, run_dir: Path,
 
 
 def test_breast_cancer_keras_fit_on_one_replica_serves_its_binary_figures(tmp_path):
+    # 4 epochs (of the example's 20): test accuracy 0.92 after 3 (0.97 AUC)
     run_example("experiment=breast_cancer", "loop=keras_fit", "strategy.cpu_devices=1",
-                "trainer.epochs=8", f"hydra.run.dir={tmp_path}", *QUIET)
+                "trainer.epochs=4", f"hydra.run.dir={tmp_path}", *QUIET)
     check_breast_cancer_served(tmp_path, replicas=1)
 
 
 def test_tabular_binary_examples_in_the_custom_loop_on_two_replicas_serve_raw_inputs(
         tmp_path, monkeypatch):
     """One sweep process, custom loop on 2 replicas: breast_cancer (raw features) and the
-    two-input example (floats + a string category)."""
+    two-input example (floats + a string category). 6 epochs (of the example's 20):
+    breast_cancer's test accuracy was 0.90 after 2 and after 3, at the check's edge."""
     run_example("-m", "experiment=breast_cancer,breast_cancer_two_inputs", "loop=custom",
-                "strategy.cpu_devices=2", "trainer.epochs=8", f"hydra.sweep.dir={tmp_path}",
+                "strategy.cpu_devices=2", "trainer.epochs=6", f"hydra.sweep.dir={tmp_path}",
                 *QUIET, timeout=240)
     check_breast_cancer_served(tmp_path / "0", replicas=2)
     check_string_input_served("tabular_project", "breast_cancer_two_inputs", tmp_path / "1",
@@ -175,7 +178,8 @@ def test_tabular_binary_examples_in_the_custom_loop_on_two_replicas_serve_raw_in
 
 def test_text_example_in_the_custom_loop_on_two_replicas_serves_raw_strings(tmp_path,
                                                                              monkeypatch):
+    # one epoch: the served model is checked against the run's own figure, whatever it is
     run_example("experiment=reviews", "loop=custom", "strategy.cpu_devices=2",
-                "trainer.epochs=3", f"hydra.run.dir={tmp_path}", *QUIET,
+                "trainer.epochs=1", f"hydra.run.dir={tmp_path}", *QUIET,
                 example=ROOT / "examples" / "text_project")
     check_string_input_served("text_project", "reviews", tmp_path, monkeypatch)

@@ -52,9 +52,9 @@ def test_cifar10_resnet20_preset_end_to_end(tiny_data_dir, run_inprocess, tmp_pa
 
     run_dir = tmp_path / "resnet20"
     results = run_inprocess("experiment=cifar10_resnet20", "strategy.cpu_devices=1",
-                            "trainer.epochs=2", "trainer.export=true",
-                            "trainer.validate_every=1", "dataset.batch_size_per_replica=64",
-                            out=run_dir)
+                            "trainer.epochs=2", "trainer.steps_per_epoch=2",
+                            "trainer.export=true", "trainer.validate_every=1",
+                            "dataset.batch_size_per_replica=64", out=run_dir)
     assert (results["dataset"], results["epochs_completed"]) == ("cifar10", 2)
     config = RunDir(run_dir).started_config_yaml.read_text()
     assert "depth: 20" in config and "crop_padding: 4" in config

@@ -71,7 +71,10 @@ def _env(*paths: Path) -> dict[str, str]:
     return env
 
 
+# both on one xdist worker (`-n 2` hands tests out with --dist loadgroup): the wheel is built
+# and installed once (the `installed` fixture, per module and worker)
 @pytest.mark.slow
+@pytest.mark.xdist_group("wheel")
 def test_wheel_installs_configs_and_command(installed, tmp_path):
     wheel, site = installed
 
@@ -114,6 +117,7 @@ def test_wheel_installs_configs_and_command(installed, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("wheel")  # (the wheel of the test above)
 def test_plugin_package_ships_its_configs(installed, tmp_path):
     """examples/plugin_package installed beside distlab: its preset runs from an empty
     directory with no --config-dir (its distlab.configs and distlab.plugins entry points)."""

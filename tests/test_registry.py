@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from conftest import ROOT, compose, run_command
+from conftest import ROOT, compose, refusal_in_process, run_command
 
 from distlab import plugins
 from distlab.errors import DistlabError
@@ -201,30 +201,40 @@ def test_entry_points_load_once_and_fail_in_one_line(monkeypatch):
 
 
 @pytest.mark.slow
-def test_cli_plugin_errors_are_one_line_before_tensorflow(tmp_path):
-    """The four plug-in errors through `python run.py`: one line each, exit 2, before
-    TensorFlow is imported. The command's time is printed (a smoke figure, not asserted:
-    it depends on the machine and its load)."""
+def test_cli_plugin_errors_are_one_line_before_tensorflow(tmp_path, monkeypatch):
+    """The four plug-in errors: one line each, exit 2, before TensorFlow is imported; one
+    through `python run.py` in a fresh interpreter (its exit status and output; the
+    command's time is printed, a smoke figure, not asserted: it depends on the machine and
+    its load), the others as that command's job runs them, in this process (distlab's
+    TensorFlow side not imported: conftest.refusal_in_process)."""
     (tmp_path / "user_raises.py").write_text("raise RuntimeError('broken module')\n")
     (tmp_path / "user_twice.py").write_text(
         "import distlab\ndistlab.register('model', 'cnn', lambda c, s, o: 1)\n")
+    override, expected = "imports=[user_raises]", ("imports[0]='user_raises' raised "
+                                                   "RuntimeError: broken module")
+    start = time.time()
+    out, tensorflow = run_command(override, f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
+    print(f"{override}: refused in {time.time() - start:.1f} s")
+    assert not tensorflow, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines()
+              if "ERROR" in line or line.startswith("error")]
+    assert out.returncode == 2 and len(errors) == 1 and expected in errors[0], (
+        override, out.stdout[-2000:], out.stderr[-2000:])
+    assert "Traceback" not in out.stderr + out.stdout
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
     cases = {
         "model.name=user_nothere:net": "model.name='user_nothere:net' does not import",
         "model.name=os.path:exists": "wrong signature",
         "imports=[user_twice]": "model 'cnn' is already registered",
-        "imports=[user_raises]": "imports[0]='user_raises' raised RuntimeError: broken module",
+        "imports=[user_raises]": expected,  # (as the command's)
     }
-    for override, expected in cases.items():
-        start = time.time()
-        out, tensorflow = run_command(override, f"hydra.run.dir={tmp_path / 'out'}",
-                                      cwd=tmp_path)
-        print(f"{override}: refused in {time.time() - start:.1f} s")
-        assert not tensorflow, out.stderr[-2000:]
-        errors = [line for line in out.stderr.splitlines() + out.stdout.splitlines()
-                  if "ERROR" in line or line.startswith("error")]
-        assert out.returncode == 2 and len(errors) == 1 and expected in errors[0], (
-            override, out.stdout[-2000:], out.stderr[-2000:])
-        assert "Traceback" not in out.stderr + out.stdout
+    for num, (override, expected) in enumerate(cases.items()):
+        error = refusal_in_process(tmp_path / f"job{num}", override)  # one line, exit 2
+        assert expected in error and "Traceback" not in error, (override, error)
+    for name in ("user_raises", "user_twice"):
+        sys.modules.pop(name, None)
 
 
 def test_cpu_devices_error_names_what_started_tensorflow(monkeypatch):

@@ -37,21 +37,25 @@ def test_replica_rows_cover_the_batch_once_and_weigh_to_its_mean(replicas, rows)
     assert mean == pytest.approx(float(tf.reduce_mean(values)), rel=1e-6)
 
 
+def _trained(run_once, loop: str, replicas: int, train_rows: int, test_rows: int) -> tuple:
+    """One epoch of a global batch of 192 in `replicas` replicas on train[:train_rows],
+    tested on test[:test_rows] (trained once: the tests below only read it)."""
+    return run_once(f"loop={loop}", *MODEL, "deterministic=true", "seed=5",
+                    "trainer.epochs=1", f"strategy.cpu_devices={replicas}",
+                    f"dataset.batch_size_per_replica={192 // replicas}",
+                    f"dataset.train_split='train[:{train_rows}]'",
+                    f"dataset.test_split='test[:{test_rows}]'")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 @pytest.mark.parametrize("train_rows,test_rows", [(400, 100), (194, 2)])
 def test_any_replica_count_trains_and_evaluates_like_one(loop, train_rows, test_rows,
-                                                         run_inprocess):
+                                                         run_once):
     # global batch 192 as 1x192, 2x96 and 3x64: the last train batch (16 or 2 rows) and the
     # test split (100 or 2 rows) leave replicas short or without rows
-    results = {}
-    for replicas in (1, 2, 3):
-        results[replicas] = run_inprocess(
-            f"loop={loop}", *MODEL, "deterministic=true", "seed=5",
-            "trainer.epochs=1", f"strategy.cpu_devices={replicas}",
-            f"dataset.batch_size_per_replica={192 // replicas}",
-            f"dataset.train_split='train[:{train_rows}]'",
-            f"dataset.test_split='test[:{test_rows}]'")
+    results = {replicas: _trained(run_once, loop, replicas, train_rows, test_rows)[0]
+               for replicas in (1, 2, 3)}
     for replicas, r in results.items():
         assert r["status"] == "completed" and r["num_replicas"] == replicas
         assert r["test_loss"] == pytest.approx(results[1]["test_loss"], abs=1e-5), replicas
@@ -59,15 +63,14 @@ def test_any_replica_count_trains_and_evaluates_like_one(loop, train_rows, test_
 
 
 @pytest.mark.slow
-def test_evaluation_does_not_depend_on_the_replica_count(run_inprocess, tmp_path):
-    run_inprocess(*MODEL, "trainer.steps_per_epoch=3", "trainer.epochs=1",
-                  "strategy.cpu_devices=1", "dataset.test_split='test[:100]'",
-                  out=tmp_path / "t")  # (an evaluation is refused on other test rows)
+def test_evaluation_does_not_depend_on_the_replica_count(run_once, run_inprocess, tmp_path):
+    # the checkpoint of the keras_fit run on train[:400] above, on 1 replica
+    _, trained = _trained(run_once, "keras_fit", 1, 400, 100)
     figures = []
-    for replicas in (1, 2, 3):
-        r = run_inprocess(*MODEL, "mode=evaluate", f"ckpt_path={tmp_path / 't'}",
-                          f"strategy.cpu_devices={replicas}", "dataset.test_split='test[:100]'",
-                          out=tmp_path / f"e{replicas}")
+    for replicas in (1, 2, 3):  # (an evaluation is refused on other splits than its run's)
+        r = run_inprocess(*MODEL, "mode=evaluate", f"ckpt_path={trained}",
+                          f"strategy.cpu_devices={replicas}", "dataset.train_split='train[:400]'",
+                          "dataset.test_split='test[:100]'", out=tmp_path / f"e{replicas}")
         assert r["num_replicas"] == replicas
         figures.append((r["test_loss"], r["test_accuracy"]))
     for loss, accuracy in figures[1:]:

@@ -6,6 +6,7 @@ generated from it (tests/test_docs_site.py checks the page)."""
 from __future__ import annotations
 
 import pytest
+from test_training_options import reached_at_epoch_1
 
 from distlab.records import fields, ranking, results
 from distlab.reporting import summary
@@ -70,17 +71,14 @@ def test_results_json_is_assembled_from_the_field_list():
 
 @pytest.mark.slow  # trains 3 steps, then evaluates the checkpoint
 def test_a_real_run_and_its_evaluation_write_only_fields_of_their_declared_types(
-        run_inprocess, tmp_path):
+        run_inprocess, run_once, tmp_path):
     """Every key a training run (with a target, a best checkpoint tested, early stop) and its
     evaluation write is a field of FIELDS, its value of the field's type; every completed
     field is there; the evaluation's `trained` holds exactly the fields marked trained."""
-    trained_dir = tmp_path / "train"
-    trained = run_inprocess("trainer.epochs=1", "trainer.steps_per_epoch=3",
-                            "trainer.target.metric=val_accuracy", "trainer.target.value=0.0",
-                            "trainer.target.stop=true", "trainer.best_checkpoint.metric=val_loss",
-                            "trainer.best_checkpoint.test=true", out=trained_dir)
+    # test_training_options' run that stops at its target at epoch 1 (3 steps, an MLP)
+    trained, trained_dir = reached_at_epoch_1(run_once, "keras_fit")
     evaluated = run_inprocess("mode=evaluate", f"ckpt_path={trained_dir}", "strategy=default",
-                              out=tmp_path / "eval")
+                              "model=mlp", "model.hidden_units=[32]", out=tmp_path / "eval")
     for record in (trained, evaluated):
         for key, value in record.items():
             field = fields.field_of(key)

@@ -36,27 +36,22 @@ def assert_run_dir(path, epochs: int, export: bool = True) -> dict:
     return results
 
 
-@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_cli_run_writes_the_whole_run_dir(loop, tiny_data_dir, tmp_path):
-    out = run_cli(*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.export=true",
-                  f"hydra.run.dir={tmp_path}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = assert_run_dir(tmp_path, epochs=2)
-    assert results["loop"] == loop and results["strategy"] == "MirroredStrategy"
-    assert results["export_max_abs_diff"] < 1e-4
-    assert results["test_accuracy"] > 0.3  # the tiny data is learnable
-    assert "epoch 2/2 - learning_rate" in (tmp_path / "run.log").read_text()
-    assert "preserve tf.data options" not in out.stdout + out.stderr  # no tf.data warning
-
-
-def test_cli_two_replicas_and_restore_without_a_strategy(tiny_data_dir, tmp_path,
-                                                         run_inprocess):
+def test_cli_run_writes_the_whole_run_dir_and_restores_without_a_strategy(
+        tiny_data_dir, tmp_path, run_inprocess):
+    """`python run.py` (keras_fit, 2 replicas, exported): its exit status and output, the whole
+    run dir; restored in this process without a strategy, to the same figures. (The custom
+    loop's whole run dir: the seed sweep below, also a command.)"""
     train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
-    out = run_cli(*fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
-                  "trainer.steps_per_epoch=3", f"hydra.run.dir={train_dir}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    trained = assert_run_dir(train_dir, epochs=2, export=False)
+    out = run_cli(*fast_overrides(tiny_data_dir), "loop=keras_fit", "strategy.cpu_devices=2",
+                  "trainer.export=true", f"hydra.run.dir={train_dir}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    trained = assert_run_dir(train_dir, epochs=2)
+    assert trained["loop"] == "keras_fit" and trained["strategy"] == "MirroredStrategy"
     assert (trained["num_replicas"], trained["global_batch_size"]) == (2, 128)
+    assert trained["export_max_abs_diff"] < 1e-4
+    assert trained["test_accuracy"] > 0.3  # the tiny data is learnable
+    assert "epoch 2/2 - learning_rate" in (train_dir / "run.log").read_text()
+    assert "preserve tf.data options" not in out.stdout + out.stderr  # no tf.data warning
 
     # restored in this process (test_reliability evaluates through run.py)
     evaluated = run_inprocess("mode=evaluate", f"ckpt_path={train_dir}", "strategy=default",
@@ -68,13 +63,27 @@ def test_cli_two_replicas_and_restore_without_a_strategy(tiny_data_dir, tmp_path
     assert evaluated["test_loss"] == pytest.approx(trained["test_loss"], abs=1e-6)
 
 
-@pytest.mark.parametrize("strategy", ["strategy=default", "strategy=one_device",
-                                      "strategy.cpu_devices=2"])
-def test_custom_loop_under_each_strategy(strategy, run_inprocess):
-    results = run_inprocess("loop=custom", strategy, "trainer.steps_per_epoch=2", "model=mlp",
-                            "model.hidden_units=[32]")
-    assert results["status"] == "completed" and results["epochs_completed"] == 2
-    assert results["num_replicas"] == (2 if "cpu_devices=2" in strategy else 1)
+def _custom_default_seed_zero(run_once) -> dict:
+    """The custom loop without a strategy, seed 0 and no augmentation (2 epochs of 2 steps,
+    an MLP): read by the strategy and the seed tests."""
+    return run_once(*MLP, "loop=custom", "strategy=default", "seed=0",
+                    "dataset.augment.flip=none", "trainer.steps_per_epoch=2")[0]
+
+
+def _one_device_cpu1(run_once) -> dict:
+    """The custom loop under strategy=one_device on /cpu:1 (2 epochs of 2 steps, an MLP)."""
+    return run_once(*MLP, "loop=custom", "strategy=one_device", "strategy.device=/cpu:1",
+                    "trainer.steps_per_epoch=2")[0]
+
+
+def test_custom_loop_under_each_strategy(run_once):
+    runs = {"strategy=default": _custom_default_seed_zero(run_once),
+            "strategy=one_device": _one_device_cpu1(run_once),
+            "strategy.cpu_devices=2": _trained(run_once, "custom", 2)[0]}  # (6 steps)
+    for strategy, results in runs.items():
+        assert results["status"] == "completed" and results["epochs_completed"] == 2, strategy
+        assert results["loop"] == "custom", strategy
+        assert results["num_replicas"] == (2 if "cpu_devices=2" in strategy else 1), strategy
 
 
 def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
@@ -90,10 +99,11 @@ def test_partial_last_loop_runs_every_step_once(run_inprocess, tmp_path):
 
 
 def _trained(run_once, loop: str, replicas: int) -> tuple[dict, object]:
-    """A deterministic run (2 epochs of 6 steps, an MLP) on a global batch of 128 in
-    `replicas` replicas, trained once for the tests below (which only read it)."""
+    """A deterministic run (2 epochs of 6 steps, an MLP with an L2 penalty) on a global batch
+    of 128 in `replicas` replicas, trained once for the tests of this file (which only read
+    it)."""
     return run_once(f"loop={loop}", "deterministic=true", "seed=3", "trainer.steps_per_epoch=6",
-                    *MLP,
+                    *MLP, "model.l2=0.01",
                     f"strategy.cpu_devices={replicas}",
                     f"dataset.batch_size_per_replica={128 // replicas}")
 
@@ -111,16 +121,22 @@ def test_fit_and_custom_agree(run_once):
     fit, _ = _trained(run_once, "keras_fit", 2)
     custom, _ = _trained(run_once, "custom", 2)
     assert custom["test_accuracy"] == pytest.approx(fit["test_accuracy"], abs=0.01)
+    assert custom["test_accuracy"] > 0.3  # the tiny data is learnable in the custom loop too
     assert custom["test_loss"] == pytest.approx(fit["test_loss"], abs=1e-3)
+
+
+def _evaluated(run_once, train_loop: str, eval_loop: str) -> dict:
+    """`_trained(train_loop, 2)` evaluated by `eval_loop` without a strategy (once)."""
+    _, run_dir = _trained(run_once, train_loop, 2)
+    return run_once(f"loop={eval_loop}", "mode=evaluate", f"ckpt_path={run_dir}",
+                    "strategy=default", *MLP)[0]
 
 
 @pytest.mark.parametrize("train_loop,eval_loop", [("keras_fit", "custom"),
                                                   ("custom", "keras_fit")])
-def test_checkpoint_from_one_loop_restores_in_the_other(train_loop, eval_loop, run_inprocess,
-                                                        run_once, tmp_path):
-    trained, run_dir = _trained(run_once, train_loop, 2)
-    restored = run_inprocess(f"loop={eval_loop}", "mode=evaluate", f"ckpt_path={run_dir}",
-                             "strategy=default", *MLP, out=tmp_path / "e")
+def test_checkpoint_from_one_loop_restores_in_the_other(train_loop, eval_loop, run_once):
+    trained, _ = _trained(run_once, train_loop, 2)
+    restored = _evaluated(run_once, train_loop, eval_loop)
     assert restored["test_accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-6)
     assert restored["test_loss"] == pytest.approx(trained["test_loss"], abs=1e-5)
 
@@ -149,9 +165,13 @@ def test_keras_fit_runs_the_models_train_function_in_blocks_without_fit(run_inpr
 
 
 def test_checkpoint_cadence(run_inprocess, tmp_path):
-    run_inprocess("trainer.epochs=5", "trainer.checkpoint_every=2", "trainer.max_checkpoints=5",
-                  "trainer.steps_per_epoch=2", "trainer.validate_every=0", "strategy=default",
-                  *MLP, out=tmp_path / "c")
+    # (keras_fit under strategy=one_device on a device other than the first: it trains;
+    # the custom loop's: test_custom_loop_under_each_strategy)
+    results = run_inprocess("trainer.epochs=5", "trainer.checkpoint_every=2",
+                            "trainer.max_checkpoints=5", "trainer.steps_per_epoch=2",
+                            "trainer.validate_every=0", "strategy=one_device",
+                            "strategy.device=/cpu:1", *MLP, out=tmp_path / "c")
+    assert (results["status"], results["loop"]) == ("completed", "keras_fit")
     names = sorted(p.name for p in (tmp_path / "c" / "checkpoints").glob("ckpt-*.index"))
     # numbered by optimizer step: after epochs 2 and 4 (every 2) and 5 (the last), 2 steps each
     assert names == ["ckpt-10.index", "ckpt-4.index", "ckpt-8.index"]
@@ -184,7 +204,7 @@ def test_auto_strategy_mirrors_only_with_several_devices(run_inprocess):
     assert (two["strategy"], two["num_replicas"]) == ("MirroredStrategy", 2)
 
 
-def test_a_device_that_does_not_exist_is_refused(run_inprocess, tmp_path):
+def test_a_device_that_does_not_exist_is_refused(run_inprocess, run_once, tmp_path):
     for device in ("/gpu:0", "/cpu:5"):
         with pytest.raises(SystemExit) as e:
             run_inprocess("strategy=one_device", f"strategy.device={device}",
@@ -192,9 +212,7 @@ def test_a_device_that_does_not_exist_is_refused(run_inprocess, tmp_path):
         assert e.value.code == 2
         error = json.loads((tmp_path / device[1:4] / "results.json").read_text())["error"]
         assert f"strategy.device='{device}' does not exist" in error and "/cpu:0" in error
-    assert run_inprocess("strategy=one_device", "strategy.device=/cpu:1", "model=mlp",
-                         "model.hidden_units=[32]", "trainer.steps_per_epoch=2",
-                         "trainer.epochs=1")["status"] == "completed"
+    assert _one_device_cpu1(run_once)["status"] == "completed"  # (keras_fit's: the cadence)
 
 
 def test_jit_compile_over_several_logical_cpus_is_refused(run_inprocess, tmp_path):
@@ -205,23 +223,18 @@ def test_jit_compile_over_several_logical_cpus_is_refused(run_inprocess, tmp_pat
     assert "loop.jit_compile=true" in error and "strategy.cpu_devices=1" in error
 
 
-def test_history_loss_has_one_definition_in_both_loops(run_inprocess, tmp_path):
+def test_history_loss_has_one_definition_in_both_loops(run_once):
     # model.l2 adds a penalty to the objective; history's loss is the data loss in both loops
-    common = ("deterministic=true", "seed=4", *MLP,
-              "model.l2=0.01", "trainer.steps_per_epoch=4", "trainer.epochs=1",
-              "strategy.cpu_devices=2")
     losses = []
     for loop in ("keras_fit", "custom"):
-        run_inprocess(f"loop={loop}", *common, out=tmp_path / loop)
-        losses.append(float(RunDir(tmp_path / loop).read_history()[0]["loss"]))
+        _, run_dir = _trained(run_once, loop, 2)  # model.l2=0.01 on 2 replicas
+        losses.append(float(RunDir(run_dir).read_history()[0]["loss"]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
 
 
-def test_evaluate_mode_says_which_figures_are_the_training_runs(run_inprocess, run_once,
-                                                                tmp_path):
-    _, trained = _trained(run_once, "custom", 2)  # 2 x 64 rows, 6 steps per epoch
-    evaluated = run_inprocess("mode=evaluate", f"ckpt_path={trained}", "strategy=default", *MLP,
-                              out=tmp_path / "e")
+def test_evaluate_mode_says_which_figures_are_the_training_runs(run_once):
+    # _trained(custom, 2): 2 x 64 rows, 6 steps per epoch; evaluated by keras_fit (the default)
+    evaluated = _evaluated(run_once, "custom", "keras_fit")
     assert evaluated["learning_rate"] is None and evaluated["steps_per_epoch"] is None
     assert evaluated["global_batch_size"] == 64  # the evaluation's own batch
     assert evaluated["trained"]["global_batch_size"] == 128
@@ -229,25 +242,35 @@ def test_evaluate_mode_says_which_figures_are_the_training_runs(run_inprocess, r
 
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_seed_zero_and_the_largest_seed_train(loop, run_inprocess):
+def test_seed_zero_and_the_largest_seed_train(loop, run_inprocess, run_once):
     """seed=0 failed every run (tf.data's shuffle seed); every seed in [0, 2**32) trains, with
-    augmentation on and off (the sweep of seeds 0, 1, 2: test_a_sweep_over_seeds_from_zero)."""
+    augmentation on and off (the sweep of seeds 0, 1, 2: test_a_sweep_over_seeds_from_zero).
+    (The custom loop's seed 0: the run without a strategy of the strategy test, 2 epochs.)"""
     for seed, flip in ((0, "none"), (2**32 - 1, "horizontal")):
-        results = run_inprocess(*MLP, f"loop={loop}", f"seed={seed}",
-                                f"dataset.augment.flip={flip}", "trainer.epochs=1",
-                                "trainer.steps_per_epoch=3")
-        assert (results["status"], results["epochs_completed"]) == ("completed", 1), seed
+        if (loop, seed) == ("custom", 0):
+            results, epochs = _custom_default_seed_zero(run_once), 2
+        else:
+            results, epochs = run_inprocess(*MLP, f"loop={loop}", f"seed={seed}",
+                                            f"dataset.augment.flip={flip}", "trainer.epochs=1",
+                                            "trainer.steps_per_epoch=3"), 1
+        assert (results["status"], results["epochs_completed"]) == ("completed", epochs), seed
         assert results["test_loss"] > 0 and results["val_loss"] > 0
 
 
 def test_a_sweep_over_seeds_from_zero(tiny_data_dir, tmp_path):
+    """`python run.py -m` in the custom loop, exported: its exit status and output, and each
+    job's whole run dir (keras_fit's: the single run above)."""
     out = run_cli("-m", *fast_overrides(tiny_data_dir), "seed=0,1,2", "trainer.epochs=1",
                   "trainer.steps_per_epoch=3", "dataset.augment.crop_padding=2", *MLP,
-                  f"hydra.sweep.dir={tmp_path}")
+                  "loop=custom", "trainer.export=true", f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "preserve tf.data options" not in out.stdout + out.stderr  # no tf.data warning
     losses = []
     for job in range(3):
-        results = json.loads((tmp_path / str(job) / "results.json").read_text())
+        results = assert_run_dir(tmp_path / str(job), epochs=1)
         assert (results["status"], results["epochs_completed"]) == ("completed", 1), job
+        assert results["loop"] == "custom" and results["strategy"] == "MirroredStrategy", job
+        assert results["export_max_abs_diff"] < 1e-4, job
+        assert "epoch 1/1 - learning_rate" in (tmp_path / str(job) / "run.log").read_text()
         losses.append(results["test_loss"])
     assert len(set(losses)) == 3  # three seeds, three runs

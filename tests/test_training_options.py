@@ -4,6 +4,7 @@ checkpoint and the profiler, in both loops (tiny data)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -135,14 +136,25 @@ def test_accumulation_is_the_big_batch_up_to_float32_rounding(name):
     assert agreement in guide, "the batch-size guide states the measured agreement per optimizer"
 
 
+def reached_at_epoch_1(run_once, loop: str) -> tuple[dict, Path]:
+    """A run whose target (any val_accuracy >= 0) is reached at epoch 1, where it stops; it
+    also profiles steps 2 and 3 and tests its best checkpoint (val_loss). Trained once: read
+    by the target and the profiler tests, and test_results_fields (keras_fit; keep its
+    overrides the same)."""
+    return run_once(f"loop={loop}", "trainer.epochs=5", "trainer.steps_per_epoch=3",
+                    "model=mlp", "model.hidden_units=[32]", "trainer.target.metric=val_accuracy",
+                    "trainer.target.value=0.0", "trainer.target.stop=true",
+                    "trainer.best_checkpoint.metric=val_loss", "trainer.best_checkpoint.test=true",
+                    "trainer.profile_steps=[2,3]")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, tmp_path):
+def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, run_once, tmp_path):
     common = (f"loop={loop}", "trainer.epochs=5", "trainer.steps_per_epoch=3", "model=mlp",
               "model.hidden_units=[32]")
     # reached at epoch 1 (any accuracy >= 0), stop there
-    reached = run_inprocess(*common, "trainer.target.metric=val_accuracy",
-                            "trainer.target.value=0.0", "trainer.target.stop=true")
+    reached, _ = reached_at_epoch_1(run_once, loop)
     assert reached["epochs_completed"] == 1 and reached["epochs_to_target"] == 1
     assert reached["stopped_early"] == {"epoch": 1, "reason": "target"}
     assert 0 < reached["time_to_target_s"] <= reached["wall_time_s"]  # one zero for both
@@ -176,11 +188,8 @@ def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_profile_steps_write_a_trace_where_tensorboard_looks(loop, run_inprocess, tmp_path):
-    out = tmp_path / "profiled"
-    run_inprocess(f"loop={loop}", "trainer.epochs=1", "trainer.steps_per_epoch=4",
-                  "trainer.validate_every=0", "trainer.profile_steps=[2,3]", "model=mlp",
-                  "model.hidden_units=[32]", out=out)
+def test_profile_steps_write_a_trace_where_tensorboard_looks(loop, run_once):
+    _, out = reached_at_epoch_1(run_once, loop)  # steps 2 and 3 of its 3 profiled
     # TensorBoard's profile plugin reads <logdir>/<run>/plugins/profile/<session>/*.xplane.pb
     traces = list((out / "logs" / "train" / "plugins" / "profile").glob("*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0

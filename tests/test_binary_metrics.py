@@ -46,12 +46,12 @@ def write_breast_cancer(data_dir: Path) -> None:
 # --------------------------------------------------------------------------- no training
 
 def _binary_task(*names: str):
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab.components import tasks
 
     overrides = ["task=binary"] + ([f"task.metrics=[{','.join(names)}]"] if names else [])
-    task = tasks.build(compose(overrides).task)
+    task = tasks.build(compose_once(overrides).task)
     task.from_logits = False  # the model outputs probabilities
     return task
 
@@ -216,18 +216,18 @@ def test_a_metric_distlab_cannot_sum_is_refused_in_one_line(metric, message):
 # ---- config: task.metrics names, task=binary, refused in one line before training
 
 def test_default_metrics_keep_each_task_s_figures():
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab.records.metrics import builtin_task_metrics
 
-    assert list(compose([]).task.metrics) == ["accuracy"]
-    assert list(compose(["task=regression"]).task.metrics) == ["mae", "rmse"]
-    binary = compose(["task=binary"]).task
+    assert list(compose_once([]).task.metrics) == ["accuracy"]
+    assert list(compose_once(["task=regression"]).task.metrics) == ["mae", "rmse"]
+    binary = compose_once(["task=binary"]).task
     assert list(binary.metrics) == ["accuracy", "auc", "precision", "recall"]
     assert builtin_task_metrics(binary) == {"accuracy": True, "auc": True, "precision": True,
                                             "recall": True}
-    assert builtin_task_metrics(compose(["task=binary", "task.metrics=[f1,my.pkg:thing]"]
-                                        ).task) is None  # a user metric: known once built
+    assert builtin_task_metrics(compose_once(["task=binary", "task.metrics=[f1,my.pkg:thing]"]
+                                             ).task) is None  # a user metric: known once built
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -248,30 +248,31 @@ def test_default_metrics_keep_each_task_s_figures():
      "val_loss, val_accuracy, val_auc, val_precision, val_recall"),
 ])
 def test_a_metric_config_the_task_cannot_report_is_refused_before_tensorflow(overrides, message):
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab.config import validate
     from distlab.errors import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate(compose(overrides))
+        validate(compose_once(overrides))
 
 
 def test_binary_watched_metrics_and_objectives_rank_their_way():
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab.config import validate
     from distlab.launch.objective import task_metrics
     from distlab.records.ranking import direction
 
-    cfg = compose(["task=binary", "trainer.early_stopping.metric=val_auc",
-                   "trainer.target.metric=val_recall", "trainer.target.value=0.9",
-                   "objective=val_auc"])
+    cfg = compose_once(["task=binary", "trainer.early_stopping.metric=val_auc",
+                        "trainer.target.metric=val_recall", "trainer.target.value=0.9",
+                        "objective=val_auc"])
     validate(cfg)
     assert direction(cfg, task_metrics(cfg)) == "maximize"
-    cfg = compose(["task=binary", "objective=best_value", "trainer.best_checkpoint.metric=val_auc"])
+    cfg = compose_once(["task=binary", "objective=best_value",
+                        "trainer.best_checkpoint.metric=val_auc"])
     assert direction(cfg, task_metrics(cfg)) == "maximize"
-    cfg = compose(["task=binary"])  # the first metric: val_accuracy
+    cfg = compose_once(["task=binary"])  # the first metric: val_accuracy
     assert direction(cfg, task_metrics(cfg)) == "maximize"
 
 
@@ -385,11 +386,11 @@ def _split(data_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
 def _probabilities(run_dir: Path, x: np.ndarray, logits: bool = True) -> np.ndarray:
     """The run's latest checkpoint's predictions on `x`, on one device, as probabilities."""
     import tensorflow as tf
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab.components import models
 
-    twin = models.build(compose(list(BINARY)).model, (30,), 1)
+    twin = models.build(compose_once(list(BINARY)).model, (30,), 1)
     latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
     tf.train.Checkpoint(model=twin).restore(latest).expect_partial()
     outputs = twin(x, training=False).numpy()[:, 0]
@@ -555,7 +556,7 @@ def test_monitors_and_objective_follow_each_stateful_metric_s_direction(binary_d
 
 def test_a_registered_metric_is_named_by_its_registered_name():
     import tensorflow as tf
-    from conftest import compose
+    from conftest import compose_once
 
     import distlab
     from distlab.components import tasks
@@ -568,7 +569,7 @@ def test_a_registered_metric_is_named_by_its_registered_name():
         return keras.metrics.MeanIoU(num_classes=10, sparse_y_pred=False)
 
     try:
-        cfg = compose(["task.metrics=[accuracy,iou]"])
+        cfg = compose_once(["task.metrics=[accuracy,iou]"])
         check_metric_names(cfg)
         task = tasks.build(cfg.task)
         assert [(m.name, m.stateful, m.higher_is_better) for m in task.metrics] == [
@@ -581,14 +582,14 @@ def test_a_registered_metric_is_named_by_its_registered_name():
 
 
 def test_a_run_started_before_task_metrics_existed_is_not_refused_on_rerun():
-    from conftest import compose
+    from conftest import compose_once
     from omegaconf import OmegaConf
 
     from distlab.config import training_diff
 
     for task in ("classification", "regression"):
-        now = OmegaConf.to_container(compose([f"task={task}"]), resolve=True)
-        started = OmegaConf.to_container(compose([f"task={task}"]), resolve=True)
+        now = OmegaConf.to_container(compose_once([f"task={task}"]), resolve=True)
+        started = OmegaConf.to_container(compose_once([f"task={task}"]), resolve=True)
         del started["task"]["metrics"]  # .distlab/config.yaml of an earlier distlab
         assert training_diff(started, now) == []
         now["task"]["metrics"] = ["accuracy"] if task == "regression" else ["accuracy", "auc"]
@@ -604,13 +605,14 @@ def test_a_bare_keras_metric_under_binary_sees_probabilities_and_labels_like_the
     """task=binary feeds a user's bare Keras metric what its built-ins get: a logit model's
     outputs through a sigmoid, float labels of the same [batch, 1] shape."""
     import tensorflow as tf
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab.components import tasks
 
     keras.backend.clear_session()  # as a job starts: Keras names the metric auc, not auc_<n>
-    task = tasks.build(compose(["task=binary",
-                                "task.metrics=[accuracy,test_binary_metrics:bare_auc]"]).task)
+    task = tasks.build(compose_once(["task=binary",
+                                     "task.metrics=[accuracy,test_binary_metrics:bare_auc]"]
+                                    ).task)
     task.from_logits = True  # settled from the model (a logit output)
     metric = task.metrics[1]
     assert metric.stateful and metric.name == "auc"
@@ -621,14 +623,14 @@ def test_a_bare_keras_metric_under_binary_sees_probabilities_and_labels_like_the
 
 def test_a_stateful_metric_that_cannot_take_the_outputs_is_one_line_naming_it():
     import tensorflow as tf
-    from conftest import compose
+    from conftest import compose_once
 
     from distlab import Metric
     from distlab.components import tasks
     from distlab.errors import DistlabError
     from distlab.training.metrics import StatefulMetrics
 
-    task = tasks.build(compose([]).task)  # classification: 10-class outputs
+    task = tasks.build(compose_once([]).task)  # classification: 10-class outputs
     task.metrics.append(Metric("my_auc", keras.metrics.AUC()))
     ten_classes = (tf.zeros([1], tf.int64), tf.zeros([1, 10]))
     with pytest.raises(DistlabError, match="task metric 'my_auc' \\(AUC\\) cannot take this "

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose, fast_overrides
+from conftest import ROOT, compose_once, fast_overrides
 
 TESTS = Path(__file__).resolve().parent
 RECORDER = "+callbacks.rec._target_=callback_recorder.Recorder"
@@ -135,8 +135,9 @@ def test_a_bad_callback_is_one_line_before_training(entry, says, tiny_data_dir, 
     import distlab
 
     entries = [f"+callbacks.bad.{e}" for e in entry.split()]
-    results = distlab.run(compose([*fast_overrides(tiny_data_dir), "imports=[callback_recorder]",
-                                   *entries]), output_dir=tmp_path)
+    results = distlab.run(compose_once([*fast_overrides(tiny_data_dir),
+                                        "imports=[callback_recorder]", *entries]),
+                          output_dir=tmp_path)
     assert results.exit_code == 2
     assert says in results.error and "\n" not in results.error
     assert not (tmp_path / "history.csv").exists()

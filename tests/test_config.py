@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, compose, run_cli, run_command
+from conftest import ROOT, compose_once, refusal_in_process, run_command
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
@@ -32,7 +32,7 @@ def _options(group: str) -> list[str]:
 def test_every_option_composes_and_validates(group, option):
     from distlab.registry import REGISTRIES
 
-    cfg = compose([f"{group}={option}", *NEEDS.get((group, option), [])])
+    cfg = compose_once([f"{group}={option}", *NEEDS.get((group, option), [])])
     validate(cfg)
     if group not in ("experiment", "hparams_search"):
         assert cfg[group].name  # every group node names its registry entry
@@ -80,7 +80,7 @@ def test_config_yaml_states_no_default_of_the_schema():
 
 
 def test_defaults_are_the_first_reference_workload():
-    cfg = compose([])
+    cfg = compose_once([])
     assert (cfg.loop.name, cfg.dataset.name, cfg.strategy.name) == ("keras_fit", "mnist",
                                                                      "mirrored")
     assert cfg.trainer.epochs == 12 and cfg.dataset.batch_size_per_replica == 64
@@ -102,14 +102,14 @@ def test_every_registered_builder_imports():
 
 
 def test_presets():
-    fit = compose(["experiment=tutorial_keras_mnist"])
+    fit = compose_once(["experiment=tutorial_keras_mnist"])
     assert (fit.loop.name, fit.dataset.name, fit.trainer.epochs) == ("keras_fit", "mnist", 12)
     assert fit.schedule.name == "step_decay" and list(fit.schedule.factors) == [1.0, 0.1, 0.01]
-    tuned = compose(["experiment=tutorial_keras_mnist_tuned"])
+    tuned = compose_once(["experiment=tutorial_keras_mnist_tuned"])
     assert (tuned.loop.name, tuned.loop.steps_per_execution, tuned.strategy.name) == (
         "keras_fit", 50, "default")
     assert list(tuned.schedule.boundaries) == [3, 7] and tuned.trainer.validate_every == 0
-    custom = compose(["experiment=tutorial_custom_fashion"])
+    custom = compose_once(["experiment=tutorial_custom_fashion"])
     assert (custom.loop.name, custom.dataset.name, custom.trainer.epochs) == (
         "custom", "fashion_mnist", 10)
     assert custom.trainer.checkpoint_every == 2 and custom.strategy.name == "mirrored"
@@ -129,23 +129,24 @@ PINNED["tutorial_custom_fashion"] = PINNED["tutorial_keras_mnist_tuned"] = PINNE
 def test_a_preset_choice_can_be_overridden_group_by_group(preset, group):
     """The preset pins the group's option; another option on the command line replaces it
     (each option itself composes and validates: test_every_option_composes_and_validates)."""
-    chosen = compose([f"experiment={preset}"])[group].name
-    option, name = next((o, n) for o in _options(group)
-                        if (n := compose([f"{group}={o}"])[group].name) != chosen)
-    cfg = compose([f"experiment={preset}", f"{group}={option}", *NEEDS.get((group, option), [])])
+    chosen = compose_once([f"experiment={preset}"])[group].name
+    option, name = next((o, n) for o in _options(group)  # (each composed once per process)
+                        if (n := compose_once([f"{group}={o}"])[group].name) != chosen)
+    cfg = compose_once([f"experiment={preset}", f"{group}={option}",
+                        *NEEDS.get((group, option), [])])
     validate(cfg)
     assert cfg[group].name == name != chosen
 
 
 def test_wrong_type_is_rejected_by_the_schema():
     with pytest.raises((ConfigCompositionException, ValidationError)) as e:
-        compose(["trainer.epochs=abc"])
+        compose_once(["trainer.epochs=abc"])
     assert "trainer.epochs" in str(e.value) or "trainer.epochs" in str(e.value.__cause__)
 
 
 def test_unknown_key_is_rejected():
     with pytest.raises(ConfigCompositionException):
-        compose(["optimizer.lr=0.1"])
+        compose_once(["optimizer.lr=0.1"])
 
 
 @pytest.mark.parametrize("override,key", [
@@ -174,12 +175,12 @@ def test_unknown_key_is_rejected():
 ])
 def test_impossible_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(compose(override.split()))
+        validate(compose_once(override.split()))
 
 
 def test_evaluate_needs_ckpt_path():
     with pytest.raises(ConfigError, match="ckpt_path"):
-        validate(compose(["mode=evaluate"]))
+        validate(compose_once(["mode=evaluate"]))
 
 
 def test_cfg_job_imports_no_tensorflow():
@@ -203,17 +204,18 @@ def test_help_lists_the_option_groups_and_no_internal_schema():
     (["strategy=nope"], "mirrored"),
 ])
 def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
-    out, tensorflow = run_command(*args, f"hydra.run.dir={tmp_path / 'run'}")
-    text = out.stdout + out.stderr
-    assert out.returncode != 0
-    assert needle in text, text
-    assert "Traceback" not in text, text
-    assert not tensorflow, f"refused only after TensorFlow was imported: {text}"
+    """As `python run.py ARGS` refuses it, in this process (refusal_in_process: exit status 2
+    and before distlab's TensorFlow side, for a refusal of distlab's); the command's own
+    process, a composition and a validation error: test_config_refusals_and_directions.py's
+    test_bad_values_are_one_line_before_tensorflow."""
+    error = refusal_in_process(tmp_path / "run", *args)
+    assert needle in error, error
+    assert "Traceback" not in error and "\n" not in error, error
 
 
 def test_unknown_option_names_the_group(tmp_path):
-    out = run_cli("loop=nope", f"hydra.run.dir={tmp_path}")
-    assert "loop" in out.stderr and "custom" in out.stderr and "keras_fit" in out.stderr
+    error = refusal_in_process(tmp_path / "run", "loop=nope")  # as the command's stderr
+    assert "loop" in error and "custom" in error and "keras_fit" in error, error
 
 
 def test_config_files_exist_for_design_groups():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose, fast_overrides, run_cli, run_command
+from conftest import compose_once, fast_overrides, run_cli, run_command
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -57,7 +57,7 @@ def test_bad_values_are_one_line_naming_the_key(overrides, needle):
     """Checked in this process (Hydra's composition, then distlab's validation, as the
     command does); the command's one line, exit 2, before TensorFlow: the test below."""
     try:
-        validate(compose(overrides))
+        validate(compose_once(overrides))
     except ConfigError as e:
         line = str(e)
     except (HydraException, OmegaConfBaseException) as e:
@@ -83,10 +83,10 @@ def test_monitor_rules_accept_what_a_run_measures():
                       ["trainer.validate_every=0", "trainer.early_stopping.metric=loss"],
                       ["task.top_k=3", "trainer.target.metric=val_top3_accuracy",
                        "trainer.target.value=0.5"]):
-        validate(compose(overrides))  # no error
+        validate(compose_once(overrides))  # no error
     with pytest.raises(ConfigError, match="validate_every=0"):
-        validate(compose(["trainer.validate_every=0", "trainer.target.metric=val_accuracy",
-                          "trainer.target.value=0.5"]))
+        validate(compose_once(["trainer.validate_every=0", "trainer.target.metric=val_accuracy",
+                               "trainer.target.value=0.5"]))
 
 
 def test_builtin_task_metric_table_matches_the_tasks():
@@ -97,7 +97,7 @@ def test_builtin_task_metric_table_matches_the_tasks():
     for overrides in ([], ["task.top_k=5"], ["task=regression"], ["task=binary"],
                       ["task=binary", "task.metrics=[f1,accuracy]"],
                       ["task=regression", "task.metrics=[rmse]"]):
-        task_cfg = compose(overrides).task
+        task_cfg = compose_once(overrides).task
         built = tasks.build(task_cfg)
         assert builtin_task_metrics(task_cfg) == {m.name: m.higher_is_better
                                                   for m in built.metrics}
@@ -125,14 +125,14 @@ def test_objective_direction_from_the_config(overrides, expected):
     from distlab.launch.objective import task_metrics
     from distlab.records.ranking import direction
 
-    cfg = compose(overrides)
+    cfg = compose_once(overrides)
     validate(cfg)  # an objective the schema refuses has no direction to check
     assert direction(cfg, task_metrics(cfg)) == expected
 
 
 def test_a_test_split_objective_is_refused_before_any_direction():
     with pytest.raises(ConfigError, match="objective"):
-        validate(compose(["objective=test_loss"]))
+        validate(compose_once(["objective=test_loss"]))
 
 
 def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monkeypatch):
@@ -200,7 +200,7 @@ def test_extending_a_cosine_run_names_decay_epochs(tmp_path):
     from distlab.records.run_dir import RunDir
 
     def config(*overrides: str) -> dict:
-        return OmegaConf.to_container(compose(["schedule=cosine", *overrides]), resolve=True)
+        return OmegaConf.to_container(compose_once(["schedule=cosine", *overrides]), resolve=True)
 
     for alpha in ("0.1", "0.0"):
         run_dir = RunDir(tmp_path / alpha)
@@ -278,7 +278,7 @@ def test_optuna_advice_follows_the_target_direction():
                               (["trainer.target.metric=val_accuracy"], "lower"),
                               (["trainer.target.metric=val_accuracy", "trainer.target.mode=min"],
                                "raise")):
-        cfg = compose([*overrides, "trainer.target.value=0.5"])
+        cfg = compose_once([*overrides, "trainer.target.value=0.5"])
         assert advice in _advice(cfg, task_metrics(cfg))
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from conftest import TINY_TEST, TINY_TRAIN, compose
+from conftest import TINY_TEST, TINY_TRAIN, compose_once
 
 from distlab.data import pipeline as data_lib
 from distlab.data import tfds_source
@@ -16,14 +16,14 @@ from distlab.errors import DistlabError
 
 
 def _cfg(data_dir, *extra):
-    return compose([f"dataset.data_dir={data_dir}", *extra]).dataset
+    return compose_once([f"dataset.data_dir={data_dir}", *extra]).dataset
 
 
 def test_mock_data_pipeline_batches_by_the_global_batch(monkeypatch):
     monkeypatch.setattr(tfds_source, "_unreachable_host", lambda builder: None)
     with tfds.testing.mock_data(num_examples=300):
-        d = data_lib.load(compose(["dataset.validation=null"]).dataset, num_replicas=2, seed=1,
-                          steps_per_epoch=None)
+        d = data_lib.load(compose_once(["dataset.validation=null"]).dataset, num_replicas=2,
+                          seed=1, steps_per_epoch=None)
         assert d.global_batch_size == 128 and d.steps_per_epoch == 3  # ceil(300 / 128)
         batches = list(d.train_epochs(0, 1))
     assert [int(b[0].shape[0]) for b in batches] == [128, 128, 44]
@@ -155,9 +155,9 @@ def test_a_new_source_is_one_class_listed_in_the_pipeline_s_sources(monkeypatch)
     monkeypatch.setattr(data_lib, "SOURCES", (_Columns(), *data_lib.SOURCES))
     assert type(data_lib.source_for("columns:toy")) is _Columns
     assert type(data_lib.source_for("mnist")) is tfds_source.TfdsSource
-    cfg = compose(["dataset.name=columns:toy", "dataset.validation=null",
-                   "dataset.preprocess.rescale=null", "dataset.shuffle_buffer=0",
-                   "dataset.batch_size_per_replica=4", "dataset.disk_cache=true"]).dataset
+    cfg = compose_once(["dataset.name=columns:toy", "dataset.validation=null",
+                        "dataset.preprocess.rescale=null", "dataset.shuffle_buffer=0",
+                        "dataset.batch_size_per_replica=4", "dataset.disk_cache=true"]).dataset
     d = data_lib.load(cfg, num_replicas=1, seed=0, steps_per_epoch=None)
     assert (d.num_train, d.num_test, d.outputs, d.classes) == (10, 4, 2, True)
     assert d.input_shape == (2,) and d.steps_per_epoch == 3

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_TEST, TINY_TRAIN, compose, fast_overrides
+from conftest import TINY_TEST, TINY_TRAIN, compose_once, fast_overrides
 
 from distlab.data import cache as data_cache
 
@@ -85,7 +85,7 @@ def test_an_unwritable_cache_dir_warns_once_per_run_and_the_run_goes_on(
 def _load(data_dir: Path, cache_dir: Path):
     from distlab.data import pipeline as data
 
-    cfg = compose([*fast_overrides(data_dir), f"dataset.cache_dir={cache_dir}"])
+    cfg = compose_once([*fast_overrides(data_dir), f"dataset.cache_dir={cache_dir}"])
     return data.load(cfg.dataset, num_replicas=1, seed=0, steps_per_epoch=None)
 
 

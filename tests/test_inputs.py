@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import user_inputs
-from conftest import ROOT, Gated, compose, fast_overrides, refusal_in_process, run_cli, stop_at
+from conftest import ROOT, Gated, compose_once, fast_overrides, refusal_in_process, run_cli, stop_at
 
 from distlab.data import pipeline, structure, transforms
 from distlab.data.stream import Data, replica_rows
@@ -38,7 +38,7 @@ TEXT = (*USER, "dataset.name=text_data", "model.name=text_net", "strategy.cpu_de
 def _load(*overrides: str, replicas: int = 2) -> Data:
     """The data, unshuffled and (unless overridden) without a validation split held out, so
     that the train stream is the builder's rows in order."""
-    cfg = compose(["dataset.shuffle_buffer=0", "dataset.validation=null", *overrides]).dataset
+    cfg = compose_once(["dataset.shuffle_buffer=0", "dataset.validation=null", *overrides]).dataset
     return pipeline.load(cfg, num_replicas=replicas, seed=0, steps_per_epoch=None)
 
 
@@ -231,7 +231,7 @@ def test_standardize_adapts_each_input_of_any_structure(name, inputs):
 
     data = _load(*USER, f"dataset.name={name}", "dataset.preprocess.standardize=true",
                  replicas=1)
-    model = models.build_for(compose(["model.name=flat_net", *USER]).model, data)
+    model = models.build_for(compose_once(["model.name=flat_net", *USER]).model, data)
     layers = models.standardization(data)
     assert {k: int(layer.adapt_mean.shape[-1]) for k, layer in layers.items()} == inputs
     rows = [tf.nest.flatten(x) for x, _ in data.train.as_numpy_iterator()]
@@ -279,7 +279,7 @@ def test_the_readmes_tabular_snippet_builds_on_the_data_it_describes(readme_tabu
     assert structure.describe_inputs(data.raw_input) == "age: float32 (1,), city: string ()"
     guide = (ROOT / "docs" / "guides" / "inputs.md").read_text()
     assert "age: float32 (1,), city: string ()" in guide
-    model = models.build_for(compose(list(readme_tabular)).model, data)
+    model = models.build_for(compose_once(list(readme_tabular)).model, data)
     assert model(next(iter(data.train_inputs(8)))).shape == (8, 2)
 
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import compose
+from conftest import compose_once
 
 from distlab import DataSplits
 from distlab.data import pipeline, stream
@@ -20,8 +20,8 @@ from distlab.registry import DATASETS
 def _load(builder, *overrides: str) -> stream.Data:
     DATASETS._items["with_gaps"] = builder
     try:
-        cfg = compose(["dataset.name=with_gaps", "dataset.preprocess.rescale=null",
-                       "dataset.validation=null", *overrides]).dataset
+        cfg = compose_once(["dataset.name=with_gaps", "dataset.preprocess.rescale=null",
+                            "dataset.validation=null", *overrides]).dataset
         return pipeline.load(cfg, num_replicas=1, seed=0, steps_per_epoch=None)
     finally:
         del DATASETS._items["with_gaps"]

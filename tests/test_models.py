@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import compose
+from conftest import compose_once
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -21,7 +21,7 @@ def _seeded():
 
 
 def _cfg(group_option: str, *overrides: str):
-    return compose([f"model={group_option}", *overrides]).model
+    return compose_once([f"model={group_option}", *overrides]).model
 
 
 def _batch(shape: tuple[int, ...], n: int = 16, classes: int = 10):
@@ -136,7 +136,7 @@ def test_resnet_bad_depth_is_one_line(depth):
     built = _one_line_error(f"model.depth={depth}", models.build, cfg, (32, 32, 3), 10)
     # one rule: the builder (called directly) and the config check refuse alike
     assert _one_line_error(f"model.depth={depth}", validate,
-                           compose(["model=resnet", f"model.depth={depth}"])) == built
+                           compose_once(["model=resnet", f"model.depth={depth}"])) == built
 
 
 def test_sync_batch_norm_uses_the_global_batch():
@@ -197,22 +197,22 @@ def test_keras_applications_bad_kwargs_are_one_line(kwarg, key):
 @pytest.mark.parametrize("option,name", [("mlp", "mlp"), ("resnet", "resnet"),
                                          ("keras_applications", "keras_applications")])
 def test_model_options_compose_and_refuse_unknown_keys(option, name):
-    cfg = compose([f"model={option}"])
+    cfg = compose_once([f"model={option}"])
     validate(cfg)
     assert cfg.model.name == name and cfg.model.output_activation is None
     assert name in models.MODELS
     with pytest.raises(ConfigCompositionException):
-        compose([f"model={option}", "model.foo=1"])
+        compose_once([f"model={option}", "model.foo=1"])
 
 
 def test_model_defaults():
-    assert OmegaConf.to_container(compose(["model=mlp"]).model) == {
+    assert OmegaConf.to_container(compose_once(["model=mlp"]).model) == {
         "name": "mlp", "hidden_units": [128, 64], "activation": "relu", "batch_norm": False,
         "dropout": 0.0, "output_activation": None, "l2": 0.0}
-    assert OmegaConf.to_container(compose(["model=resnet"]).model) == {
+    assert OmegaConf.to_container(compose_once(["model=resnet"]).model) == {
         "name": "resnet", "depth": 20, "l2": 1e-4, "sync_batch_norm": False,
         "output_activation": None}
-    assert OmegaConf.to_container(compose(["model=keras_applications"]).model) == {
+    assert OmegaConf.to_container(compose_once(["model=keras_applications"]).model) == {
         "name": "keras_applications", "architecture": "MobileNetV2", "kwargs": {},
         "output_activation": None}
 
@@ -223,4 +223,4 @@ def test_model_defaults():
     (["model=resnet", "model.depth=21"], "model.depth"),
 ])
 def test_model_values_are_validated(overrides, key):
-    _one_line_error(key, validate, compose(overrides))
+    _one_line_error(key, validate, compose_once(overrides))

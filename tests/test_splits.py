@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TINY_TRAIN, compose
+from conftest import TINY_TRAIN, compose_once
 
 from distlab.config.checks import validate
 from distlab.data import holdout, pipeline, stream
@@ -25,7 +25,8 @@ from distlab.errors import ConfigError, DistlabError
 
 
 def _load(tiny_data_dir, *overrides: str, replicas: int = 1, seed: int = 3):
-    cfg = compose([f"dataset.data_dir={tiny_data_dir}", "dataset.disk_cache=false", *overrides])
+    cfg = compose_once([f"dataset.data_dir={tiny_data_dir}", "dataset.disk_cache=false",
+                        *overrides])
     return pipeline.load(cfg.dataset, num_replicas=replicas, seed=seed, steps_per_epoch=None)
 
 
@@ -179,7 +180,7 @@ def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
 ])
 def test_choosing_on_the_test_split_is_refused(overrides, needle):
     with pytest.raises(ConfigError, match=None) as e:
-        validate(compose(overrides))
+        validate(compose_once(overrides))
     assert needle in str(e.value), str(e.value)
 
 
@@ -194,17 +195,17 @@ def test_without_a_validation_split_no_val_columns_and_no_default_objective():
     assert objective_fields("best_value", {"accuracy": True}, True, validation=False) == {
         "objective": "best_value", "objective_direction": "maximize"}
     assert objective_fields(None, {"mae": False})["objective"] == "val_mae"
-    validate(compose(["dataset.validation=null", "objective=best_value",
-                      "trainer.best_checkpoint.metric=loss"]))  # a train metric: accepted
+    validate(compose_once(["dataset.validation=null", "objective=best_value",
+                           "trainer.best_checkpoint.metric=loss"]))  # a train metric: accepted
 
 
 def test_the_tutorial_presets_keep_their_tutorials_splits():
-    fit = compose(["experiment=tutorial_keras_mnist"])
-    custom = compose(["experiment=tutorial_custom_fashion"])
+    fit = compose_once(["experiment=tutorial_keras_mnist"])
+    custom = compose_once(["experiment=tutorial_custom_fashion"])
     assert fit.dataset.validation is None and fit.trainer.validate_every == 0
     assert custom.dataset.validation is None and custom.trainer.test_every == 1
-    assert compose([]).dataset.validation == "auto"
-    assert compose(["hparams_search=optuna"]).objective == "val_accuracy"
+    assert compose_once([]).dataset.validation == "auto"
+    assert compose_once(["hparams_search=optuna"]).objective == "val_accuracy"
 
 
 def _history(run_dir) -> list[dict[str, float]]:

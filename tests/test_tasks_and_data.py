@@ -8,7 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import TINY_REGRESSION_FEATURES, TINY_TEST, compose
+from conftest import TINY_REGRESSION_FEATURES, TINY_TEST, compose_once
 
 from distlab.errors import DistlabError
 
@@ -136,7 +136,7 @@ def test_augmentation_is_refused_for_non_images(user_package, run_inprocess, tmp
 def _load(tiny_data_dir, *overrides: str):
     from distlab.data import pipeline as data
 
-    cfg = compose([f"dataset.data_dir={tiny_data_dir}", *overrides])
+    cfg = compose_once([f"dataset.data_dir={tiny_data_dir}", *overrides])
     return data.load(cfg.dataset, num_replicas=1, seed=3, steps_per_epoch=None)
 
 

@@ -20,11 +20,10 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
-from distlab.config.store import config_dir_problem  # noqa: E402
+from distlab.config.store import PACKAGE_CONFIG_PATH, config_dir_problem  # noqa: E402
 from distlab.errors import DistlabError, composition_error  # noqa: E402
 from distlab.records.run_dir import check_output_dir_args  # noqa: E402
 
-PACKAGE_CONFIG_PATH = "pkg://distlab.conf"
 log = logging.getLogger("distlab")
 
 

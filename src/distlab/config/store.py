@@ -12,6 +12,8 @@ from omegaconf import OmegaConf
 
 from distlab.config.schema import GROUP_SCHEMAS, Config, DatasetConfig
 
+PACKAGE_CONFIG_PATH = "pkg://distlab.conf"  # the configs installed with the package
+
 
 def register_configs() -> None:
     """Put the schemas in Hydra's ConfigStore (YAML files extend them via `defaults`).

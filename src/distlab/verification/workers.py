@@ -81,7 +81,7 @@ def _free_ports(n: int) -> list[int]:
 
 def _command(session: Session) -> list[str]:
     """The `distlab` command as this process runs it (its configs and `--config-dir`)."""
-    from distlab.cli import PACKAGE_CONFIG_PATH
+    from distlab.config.store import PACKAGE_CONFIG_PATH
 
     config_path = str(session.config_path or PACKAGE_CONFIG_PATH)
     command = [sys.executable, "-c", "import sys; from distlab.cli import main; "
@@ -94,10 +94,8 @@ def _command(session: Session) -> list[str]:
 def _run_workers(session: Session, where: Path, extra: list[str]) -> str | None:
     """Run the 2 workers to their end (run dirs where/W0, where/W1); None, or why a worker
     failed (one line, with its last log lines)."""
-    import distlab
-
     cluster = [f"127.0.0.1:{p}" for p in _free_ports(WORKERS)]
-    source = str(Path(distlab.__file__).resolve().parents[1])  # the same distlab in each
+    source = str(Path(__file__).resolve().parents[2])  # the same distlab in each
     path = os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])
     procs, logs = [], []
     for index in range(WORKERS):

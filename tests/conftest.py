@@ -359,11 +359,12 @@ def refusal_in_process(out: Path, *overrides: str) -> str:
     return results.error
 
 
-def run_cli(*args: str, timeout: float = 300, env: dict | None = None,
+def run_cli(*args: str, timeout: float = 300, env: dict | None = None, fresh: bool = False,
             ) -> subprocess.CompletedProcess:
     """`python run.py ARGS` from the repository root (a process forked from a preloaded
-    interpreter: tests/processes.py)."""
-    return processes.run("run.py", *args, timeout=timeout, env=env)
+    interpreter: tests/processes.py; `fresh`: a new interpreter)."""
+    return processes.run("run.py", *args, timeout=timeout, env=env,
+                         fresh=fresh or processes.FRESH)
 
 
 class Gated:

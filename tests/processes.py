@@ -115,10 +115,12 @@ def _run_as_main(script: str) -> int:
 class Process:
     """A `subprocess.Popen` look-alike for `python SCRIPT ARGS` (text output; stderr into
     stdout when `merge_stderr`); `env` is added to this process' environment (a None value
-    removes the variable)."""
+    removes the variable). `fresh`: a new interpreter, for a test whose subject is what
+    happens at import (a `sitecustomize`, an environment variable TensorFlow reads once)."""
 
     def __init__(self, script: str | Path, *args: str, cwd: Path = ROOT,
-                 env: dict[str, str | None] | None = None, merge_stderr: bool = True):
+                 env: dict[str, str | None] | None = None, merge_stderr: bool = True,
+                 fresh: bool = FRESH):
         self.args = [sys.executable, str(script), *args]
         self._folder = tempfile.TemporaryDirectory(prefix="distlab-test-proc-")
         self._out = Path(self._folder.name) / "stdout"
@@ -128,7 +130,7 @@ class Process:
                 path.write_bytes(b"")
         env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
         self.returncode: int | None = None
-        if FRESH:
+        if fresh:
             with open(self._out, "ab") as out, open(self._err or self._out, "ab") as err:
                 self._popen = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=out,
                                                stderr=err, stdin=subprocess.DEVNULL)
@@ -182,10 +184,11 @@ class Process:
 
 
 def run(script: str | Path, *args: str, timeout: float, cwd: Path = ROOT,
-        env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+        env: dict[str, str | None] | None = None, fresh: bool = FRESH,
+        ) -> subprocess.CompletedProcess:
     """As `subprocess.run([python, SCRIPT, *ARGS], capture_output=True, text=True)`: the
     process is killed on expiry (and TimeoutExpired raised)."""
-    process = Process(script, *args, cwd=cwd, env=env, merge_stderr=False)
+    process = Process(script, *args, cwd=cwd, env=env, merge_stderr=False, fresh=fresh)
     try:
         out, err = process.communicate(timeout)
     except subprocess.TimeoutExpired:

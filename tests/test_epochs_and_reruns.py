@@ -152,7 +152,7 @@ def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_d
     out = run_cli("-m", *fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
                   "loop.steps_per_execution=1,10", "trainer.steps_per_epoch=25",
                   "deterministic=true", "seed=2", f"hydra.sweep.dir={tmp_path}",
-                  env={"TF_ENABLE_ONEDNN_OPTS": "0"})
+                  env={"TF_ENABLE_ONEDNN_OPTS": "0"}, fresh=True)  # read as TF loads
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     losses = []
     for job, block in ((0, 1), (1, 10)):

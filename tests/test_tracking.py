@@ -247,8 +247,8 @@ def test_mlflow_missing_is_one_line_before_tensorflow(tmp_path):
     (shim / "sitecustomize.py").write_text(
         "import sys\nsys.modules['mlflow'] = sys.modules['tensorflow'] = None\n")
     path = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
-    out = run_cli("logger=mlflow", f"hydra.run.dir={tmp_path / 'run'}", timeout=60,
-                  env={"PYTHONPATH": path})
+    out = run_cli("logger=mlflow", f"hydra.run.dir={tmp_path / 'run'}", timeout=120,
+                  env={"PYTHONPATH": path}, fresh=True)  # the shim works at start-up
     assert out.returncode == 2
     lines = (out.stdout + out.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(

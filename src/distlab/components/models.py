@@ -288,5 +288,8 @@ def float32_outputs(model: keras.Model) -> keras.Model:
         return model  # float32 already, or a subclassed model (its losses cast to float32)
     cast = [keras.layers.Activation("linear", dtype="float32", name=f"float32_output_{i}")(o)
             for i, o in enumerate(outputs)]
-    # the inputs in the model's own structure (a nested dict stays nested), not flattened
-    return keras.Model(model.input, cast[0] if len(cast) == 1 else cast, name=model.name)
+    try:  # the inputs in the model's own structure (a nested dict stays nested)
+        inputs = model.input
+    except AttributeError:  # a Sequential, never called as a layer: its list of inputs
+        inputs = model.inputs
+    return keras.Model(inputs, cast[0] if len(cast) == 1 else cast, name=model.name)

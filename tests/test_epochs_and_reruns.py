@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
-import processes
 import pytest
 from conftest import Gated, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
-
-
-def _start(*args: str) -> processes.Process:
-    return processes.Process("run.py", *args)
 
 
 def _epochs(run_dir: Path) -> list[int]:
@@ -48,15 +42,15 @@ def _checkpoints(run_dir: Path) -> list[str]:
 
 def test_fit_blocks_never_cross_an_epoch_and_resume_exactly(tiny_data_dir, tmp_path,
                                                             run_inprocess):
-    training = ["strategy=default", "loop.steps_per_execution=7", "trainer.steps_per_epoch=30",
+    training = ["strategy=default", "loop.steps_per_execution=4", "trainer.steps_per_epoch=10",
                 "trainer.epochs=3", "trainer.validate_every=0", "deterministic=true", "seed=3"]
     args = [*fast_overrides(tiny_data_dir), *training]
     a, b = tmp_path / "a", tmp_path / "b"
     run_inprocess(*training, out=a)  # the uninterrupted run; the killed one is a process
-    assert _checkpoints(a) == ["ckpt-30", "ckpt-60", "ckpt-90"]  # not 35/70/90
+    assert _checkpoints(a) == ["ckpt-10", "ckpt-20", "ckpt-30"]  # not 12/24/30
     assert _epochs(a) == [1, 2, 3]
 
-    _kill_at(args, b, "step:1:14")  # mid-epoch 2, after its second block of 7
+    _kill_at(args, b, "step:1:8")  # mid-epoch 2, after its second block of 4
     assert _epochs(b) == [1]
     assert run_inprocess(*training, out=b)["status"] == "completed"
     assert _epochs(b) == [1, 2, 3]
@@ -120,23 +114,24 @@ def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):
 
 
 def test_kill_before_the_first_checkpoint_then_rerun(tiny_data_dir, tmp_path, run_inprocess):
-    # killed as epoch 3 (50 steps) starts: no checkpoint yet (the first would be its last)
-    training = ["loop=custom", "trainer.epochs=3", "trainer.steps_per_epoch=50",
+    # killed as epoch 3 (5 steps) starts: no checkpoint yet (the first would be its last)
+    training = ["loop=custom", "trainer.epochs=3", "trainer.steps_per_epoch=5",
                 "trainer.checkpoint_every=5", "strategy.cpu_devices=1"]
-    _kill_at([*fast_overrides(tiny_data_dir), *training], tmp_path, "step:2:10")
+    _kill_at([*fast_overrides(tiny_data_dir), *training], tmp_path, "step:2:2")
     assert _epochs(tmp_path) == [1, 2]
     assert not _checkpoints(tmp_path)
     assert run_inprocess(*training, out=tmp_path)["status"] == "completed"
     assert _epochs(tmp_path) == [1, 2, 3]
 
 
-def test_a_failed_run_without_checkpoint_accepts_a_new_config(tiny_data_dir, tmp_path,
-                                                              run_inprocess):
+def test_a_failed_run_without_checkpoint_accepts_a_new_config(tmp_path, run_inprocess):
+    # both in this process (the failed run's exit status and line as a command:
+    # test_reliability.py's test_nan_loss_stops_with_a_clear_message)
     training = ["trainer.steps_per_epoch=20", "strategy.cpu_devices=1"]
-    failed = run_cli(*fast_overrides(tiny_data_dir), *training, f"hydra.run.dir={tmp_path}",
-                     "optimizer.learning_rate=1e12")
-    assert failed.returncode != 0
-    assert "Lower optimizer.learning_rate" in failed.stdout + failed.stderr
+    with pytest.raises(SystemExit) as failed:
+        run_inprocess(*training, "optimizer.learning_rate=1e12", out=tmp_path)
+    assert failed.value.code != 0
+    assert "Lower optimizer.learning_rate" in _results(tmp_path)["error"]
     run_inprocess(*training, "optimizer.learning_rate=1e-3", out=tmp_path)
     assert _results(tmp_path)["status"] == "completed"
     kept = tmp_path / ".distlab" / "attempts" / "1"
@@ -150,12 +145,12 @@ def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_d
     # (with them, rounding differs between the two graphs: README "Keras corrections").
     # One run.py process (oneDNN is chosen when TensorFlow loads) runs both as a sweep.
     out = run_cli("-m", *fast_overrides(tiny_data_dir), "strategy.cpu_devices=2",
-                  "loop.steps_per_execution=1,10", "trainer.steps_per_epoch=25",
+                  "loop.steps_per_execution=1,5", "trainer.steps_per_epoch=12",
                   "deterministic=true", "seed=2", f"hydra.sweep.dir={tmp_path}",
                   env={"TF_ENABLE_ONEDNN_OPTS": "0"}, fresh=True)  # read as TF loads
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     losses = []
-    for job, block in ((0, 1), (1, 10)):
+    for job, block in ((0, 1), (1, 5)):
         results = _results(tmp_path / str(job))
         assert (results["num_replicas"], results["epochs_completed"]) == (2, 2)
         assert f"loop.steps_per_execution={block}" in (
@@ -165,34 +160,31 @@ def test_steps_per_execution_with_replicas_equals_one_step_at_a_time(tiny_data_d
 
 
 def test_one_job_per_run_directory(tiny_data_dir, tmp_path, run_inprocess):
-    training = ["trainer.steps_per_epoch=100", "strategy.cpu_devices=1"]
-    args = [*fast_overrides(tiny_data_dir), *training, f"hydra.run.dir={tmp_path}"]
-    first = _start(*args)
-    try:
-        deadline = time.time() + 120
-        lock = tmp_path / ".distlab" / "lock"
-        while not (lock.exists() and lock.read_text()):  # the first run holds the directory
-            assert first.poll() is None and time.time() < deadline
-            time.sleep(0.05)
-        second = run_cli(*args, timeout=60)  # refused at once: it does not wait for the lock
-        text = second.stdout + second.stderr
-        assert second.returncode != 0 and f"pid {first.pid}" in text and str(tmp_path) in text
-        assert "Traceback" not in text
-        assert first.wait(timeout=240) == 0
-    finally:
-        first.kill()
-    assert _epochs(tmp_path) == [1, 2]
-    assert _results(tmp_path)["status"] == "completed"
+    """A second `python run.py` into a directory a running one holds (held at a step by
+    tests/gate.py) is refused at once; a holder killed with -9 leaves no lock behind."""
+    training = ["trainer.steps_per_epoch=3", "strategy.cpu_devices=1"]
+    args = [*fast_overrides(tiny_data_dir), *training]
+    lock = tmp_path / "run" / ".distlab" / "lock"
+    with Gated(args, tmp_path / "run", "step:0:1", tmp_path / "gate") as first:
+        first.wait()  # the first run holds the directory
+        assert lock.read_text()
+        second = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+        text = second.stdout + second.stderr  # refused at once: it does not wait for the lock
+        assert second.returncode != 0 and f"pid {first.proc.pid}" in text
+        assert str(tmp_path / "run") in text and "Traceback" not in text
+        (tmp_path / "gate" / "released").write_text("")
+        returncode, output = first.finish()
+        assert returncode == 0, output[-3000:]
+    assert _epochs(tmp_path / "run") == [1, 2]
+    assert _results(tmp_path / "run")["status"] == "completed"
 
     # a holder killed with -9 leaves no lock behind: the rerun goes ahead at once
-    holder = _start(*args, "trainer.epochs=3")
-    try:
-        while f"pid {holder.pid}," not in lock.read_text():
-            assert holder.poll() is None and time.time() < deadline + 120
-            time.sleep(0.05)
-    finally:
-        holder.kill()
+    with Gated([*args, "trainer.epochs=3"], tmp_path / "run", "step:2:1",
+               tmp_path / "gate") as holder:
         holder.wait()
-    assert run_inprocess(*training, "trainer.epochs=3", out=tmp_path)["status"] == "completed"
-    assert _epochs(tmp_path) == [1, 2, 3]
-
+        assert f"pid {holder.proc.pid}," in lock.read_text()
+        holder.signal(signal.SIGKILL)
+        assert holder.finish()[0] == -signal.SIGKILL
+    assert run_inprocess(*training, "trainer.epochs=3",
+                         out=tmp_path / "run")["status"] == "completed"
+    assert _epochs(tmp_path / "run") == [1, 2, 3]

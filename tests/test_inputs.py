@@ -407,7 +407,7 @@ def served_accuracy(run_dir: Path, inputs: dict[str, np.ndarray], labels: np.nda
     return float(np.mean(logits.numpy().argmax(-1) == labels))
 
 
-# the kill tests' runs: 60 steps an epoch, so that the kill lands inside epoch 2
+# the kill tests' runs: 3 epochs of 10 steps (the data repeated), killed inside epoch 2
 KILLED = {("mixed", "keras_fit"), ("text", "custom")}
 
 
@@ -417,7 +417,7 @@ def _args(kind: str, loop: str) -> tuple[str, ...]:
     if (kind, loop) not in KILLED:
         return (*base, f"loop={loop}")
     return (*(a for a in base if not a.startswith("trainer.epochs")), f"loop={loop}",
-            "trainer.epochs=3", "trainer.steps_per_epoch=60")
+            "trainer.epochs=3", "trainer.steps_per_epoch=10")
 
 
 @pytest.mark.slow
@@ -477,8 +477,8 @@ def test_killed_mid_epoch_then_rerun_equals_the_uninterrupted_run(kind, loop, ru
     whole, whole_dir = run_once(*args)
     run_dir = tmp_path / "killed"
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}
-    # killed after step 20 of epoch 2 (60 steps): after epoch 1's checkpoint, before its row
-    with Gated([*fast_overrides(tiny_data_dir), *args], run_dir, "step:1:20",
+    # killed after step 5 of epoch 2 (10 steps): after epoch 1's checkpoint, before its row
+    with Gated([*fast_overrides(tiny_data_dir), *args], run_dir, "step:1:5",
                tmp_path / "gate", env=env) as killed:
         killed.wait()
         killed.signal(signal.SIGKILL)  # no handler, no final checkpoint

@@ -5,12 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import signal
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Gated, fast_overrides, run_cli, signal_at
+from conftest import Gated, fast_overrides, run_cli, signal_at
 
 pytestmark = pytest.mark.slow
 
@@ -46,16 +45,17 @@ def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("loop,option", [("keras_fit", "trainer.grad_accum_steps=4"),
                                          ("custom", "precision=mixed_bfloat16")])
 def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_path,
-                                            run_inprocess, monkeypatch):
-    # 150 steps per epoch (the tiny split repeated) so a kill can land mid-epoch; dropout
-    # (its RNG state is checkpointed), batch norm and seeded augmentation must resume exactly,
-    # and so must gradient accumulation (150 steps: epoch 1 ends mid-accumulation), mixed
-    # precision and the best checkpoint (its state is in the checkpoint). The killed run and
-    # its rerun are run.py processes; the uninterrupted run and the evaluation of the best
+                                            run_inprocess, caplog):
+    # 10 steps per epoch, killed at step 5 of epoch 2; dropout (its RNG state is
+    # checkpointed), batch norm and seeded augmentation must resume exactly, and so must
+    # gradient accumulation (10 steps: epoch 1 ends mid-accumulation), mixed precision and the
+    # best checkpoint (its state is in the checkpoint). The killed run is a run.py process
+    # (kill -9 is the subject); the uninterrupted run, the rerun and the evaluation of the best
     # checkpoint run in this process, on one CPU device as run.py's (strategy.cpu_devices=1)
-    extra = ("trainer.steps_per_epoch=150", "model=mlp", "model.hidden_units=[32]",
-             "model.dropout=0.3", "model.batch_norm=true", "dataset.augment.crop_padding=2",
-             "dataset.augment.flip=horizontal", "trainer.best_checkpoint.metric=val_loss",
+    model = ("model=mlp", "model.hidden_units=[32]", "model.dropout=0.3",
+             "model.batch_norm=true", "dataset.augment.crop_padding=2",
+             "dataset.augment.flip=horizontal")
+    extra = ("trainer.steps_per_epoch=10", *model, "trainer.best_checkpoint.metric=val_loss",
              "strategy.cpu_devices=1", option)
     a, c = tmp_path / "a", tmp_path / "c"
     # keras_fit: with a user's callback (tests/callback_recorder.py), which the rerun restarts
@@ -64,50 +64,46 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
     callback = ("+callbacks.rec._target_=callback_recorder.Recorder",
                 f"+callbacks.rec.path={calls}", "logger=mlflow",
                 f"logger.tracking_uri={store}") if loop == "keras_fit" else ()
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
     uninterrupted = run_inprocess(*_training(loop, *extra), *callback[:2], out=a)
     calls.unlink(missing_ok=True)
 
-    for run_dir in (c,):  # killed at step 60 of epoch 2 (the rerun retrains epoch 2)
-        gate = tmp_path / "gate"
-        with Gated([*fast_overrides(tiny_data_dir), *_training(loop, *extra), *callback],
-                   run_dir, "step:1:60", gate) as killed:
-            killed.wait()
-            killed.signal(signal.SIGKILL)
-            assert killed.finish()[0] == -signal.SIGKILL
-        assert _rows(run_dir) == 1
-        out = run_cli(*_args(tiny_data_dir, loop, run_dir, *extra, *callback))
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        resumed = _results(run_dir)
-        if callback:
-            rerun = [(hook, index) for hook, index, *_ in map(json.loads,
-                                                              calls.read_text().splitlines())]
-            second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
-            assert second > 0 and rerun[second + 1] == ("epoch_begin", 1)
-            from mlflow.tracking import MlflowClient
+    run_dir = c  # killed at step 5 of epoch 2 (the rerun retrains epoch 2)
+    with Gated([*fast_overrides(tiny_data_dir), *_training(loop, *extra), *callback],
+               run_dir, "step:1:5", tmp_path / "gate") as killed:
+        killed.wait()
+        killed.signal(signal.SIGKILL)
+        assert killed.finish()[0] == -signal.SIGKILL
+    assert _rows(run_dir) == 1
+    caplog.set_level(logging.INFO, logger="distlab")
+    resumed = run_inprocess(*_training(loop, *extra), *callback, out=run_dir)
+    if callback:
+        rerun = [(hook, index) for hook, index, *_ in map(json.loads,
+                                                          calls.read_text().splitlines())]
+        second = len(rerun) - rerun[::-1].index(("train_begin", None)) - 1
+        assert second > 0 and rerun[second + 1] == ("epoch_begin", 1)
+        from mlflow.tracking import MlflowClient
 
-            client = MlflowClient(store)
-            [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
-            assert run.info.status == "FINISHED"
-            history = client.get_metric_history(run.info.run_id, "val_loss")
-            assert [m.step for m in history] == [1, 2, 3]
-            assert [m.value for m in history] == pytest.approx(
-                [float(r.split(",")[_column(run_dir, "val_loss")]) for r in
-                 (run_dir / "history.csv").read_text().splitlines()[1:]], rel=1e-5)
-        assert resumed["epochs_completed"] == 3
-        assert resumed["test_loss"] == pytest.approx(uninterrupted["test_loss"], abs=1e-6)
-        assert resumed["test_accuracy"] == pytest.approx(uninterrupted["test_accuracy"],
-                                                         abs=1e-6)
-        history = [int(r.split(",")[0]) for r in
-                   (run_dir / "history.csv").read_text().splitlines()[1:]]
-        assert history == [1, 2, 3]
-        assert "resuming from" in (run_dir / "run.log").read_text()
-        for key in ("best_value", "best_epoch"):
-            assert resumed[key] == pytest.approx(uninterrupted[key], abs=1e-6), key
-        if option.startswith("precision="):  # the model's own dtype policy
-            assert resumed["precision"] == option.split("=")[1]
+        client = MlflowClient(store)
+        [run] = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+        assert run.info.status == "FINISHED"
+        history = client.get_metric_history(run.info.run_id, "val_loss")
+        assert [m.step for m in history] == [1, 2, 3]
+        assert [m.value for m in history] == pytest.approx(
+            [float(r.split(",")[_column(run_dir, "val_loss")]) for r in
+             (run_dir / "history.csv").read_text().splitlines()[1:]], rel=1e-5)
+    assert resumed["epochs_completed"] == 3
+    assert resumed["test_loss"] == pytest.approx(uninterrupted["test_loss"], abs=1e-6)
+    assert resumed["test_accuracy"] == pytest.approx(uninterrupted["test_accuracy"], abs=1e-6)
+    history = [int(r.split(",")[0]) for r in
+               (run_dir / "history.csv").read_text().splitlines()[1:]]
+    assert history == [1, 2, 3]
+    assert any(r.getMessage().startswith("resuming from") for r in caplog.records)
+    for key in ("best_value", "best_epoch"):
+        assert resumed[key] == pytest.approx(uninterrupted[key], abs=1e-6), key
+    if option.startswith("precision="):  # the model's own dtype policy
+        assert resumed["precision"] == option.split("=")[1]
     # the best checkpoint evaluates to the val_loss recorded for it
-    evaluated = run_inprocess("mode=evaluate", f"loop={loop}", option, *extra[1:-3],
+    evaluated = run_inprocess("mode=evaluate", f"loop={loop}", option, *model,
                               "strategy.cpu_devices=1", f"ckpt_path={c}/checkpoints/best",
                               out=tmp_path / "best")
     assert evaluated["val_loss"] == pytest.approx(resumed["best_value"], abs=1e-6)
@@ -121,11 +117,13 @@ SPEEDS = {"fast": 0.0, "slow": 0.05}
 @pytest.mark.parametrize("speed", sorted(SPEEDS))
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
 def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_run(
-        loop, speed, tiny_data_dir, tmp_path, run_inprocess):
+        loop, speed, tiny_data_dir, tmp_path, run_once, run_inprocess):
     """A real SIGTERM mid-epoch 2 (sent when step 5 of epoch 2 has run: tests/gate.py): exit
     143, one line, status interrupted, a mid-epoch checkpoint; the rerun's rows (the resumed
     epoch whole), test loss and time to target equal an uninterrupted run's (in this process,
-    on the same default strategy)."""
+    on the same default strategy; one run shared by both speeds). The rerun after the fast
+    machine's signal is a `python run.py` too (its epoch lines: only the resumed epoch's, no
+    progress bar), the slow one's in this process (the rerun itself is not slowed)."""
     from test_resumed_epochs_and_evaluation import SMALL, _same_rows
 
     training = [f"loop={loop}", "strategy=default", *SMALL, "trainer.steps_per_epoch=12",
@@ -133,7 +131,7 @@ def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_
     # loop.verbose left at auto: in a pipe, only the epoch lines (no progress bar)
     args = [*(a for a in fast_overrides(tiny_data_dir) if not a.startswith("loop.verbose")),
             *training]
-    whole = run_inprocess(*training, out=tmp_path / "a")
+    whole, whole_dir = run_once(*training)
 
     returncode, output = signal_at(args, tmp_path / "b", "step:1:5", step_sleep=SPEEDS[speed])
     assert returncode == 128 + signal.SIGTERM, output[-3000:]
@@ -148,15 +146,20 @@ def test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_
     assert interrupted["steps_in_epoch"] == 5
     assert (tmp_path / "b" / "checkpoints" / "checkpoint").exists()
 
-    out = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    for text, epochs in ((output, ["epoch 1/2"]), (out.stdout, ["epoch 2/2"])):
+    outputs = [(output, ["epoch 1/2"])]
+    if speed == "fast":
+        out = run_cli(*args, f"hydra.run.dir={tmp_path / 'b'}")
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        outputs.append((out.stdout, ["epoch 2/2"]))
+    else:
+        run_inprocess(*training, out=tmp_path / "b")
+    for text, epochs in outputs:
         assert [ln.split(" - ")[1] for ln in text.splitlines() if " - epoch " in ln] == epochs
         assert "\r" not in text and "\b" not in text and "━" not in text, text[-3000:]
         assert "Epoch 1" not in text and "example_loss" not in text
     done = _results(tmp_path / "b")
     assert done["status"] == "completed" and done["epochs_completed"] == 2
-    _same_rows(tmp_path / "b", tmp_path / "a")
+    _same_rows(tmp_path / "b", whole_dir)
     for key in ("test_loss", "epochs_to_target"):
         assert done[key] == pytest.approx(whole[key], abs=1e-6), key
 
@@ -209,18 +212,32 @@ def test_a_signal_after_training_ends_the_stage_and_the_rerun_completes_it(
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
-def test_nan_loss_stops_with_a_clear_message(loop, tiny_data_dir, tmp_path):
-    out = run_cli(*fast_overrides(tiny_data_dir), f"loop={loop}", "optimizer.learning_rate=1e12",
-                  "trainer.steps_per_epoch=20", f"hydra.run.dir={tmp_path}")
-    text = out.stdout + out.stderr
-    assert out.returncode != 0
+def test_nan_loss_stops_with_a_clear_message(loop, tiny_data_dir, tmp_path, run_inprocess,
+                                             caplog):
+    """keras_fit: `python run.py` (its exit status and its line); custom: in this process
+    (the same message, in results.json and the log)."""
+    training = (f"loop={loop}", "optimizer.learning_rate=1e12", "trainer.steps_per_epoch=20")
+    if loop == "keras_fit":
+        out = run_cli(*fast_overrides(tiny_data_dir), *training, f"hydra.run.dir={tmp_path}")
+        text = out.stdout + out.stderr
+        assert out.returncode != 0
+    else:
+        with pytest.raises(SystemExit) as exit_:
+            run_inprocess(*training, out=tmp_path)
+        assert exit_.value.code != 0
+        text = "\n".join(r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+        assert _results(tmp_path)["error"] in text
     assert "non-finite loss" in text and "epoch 1, step" in text, text[-3000:]
+    assert "Lower optimizer.learning_rate" in text, text[-3000:]
     assert "Traceback" not in text
     assert _results(tmp_path)["status"] == "failed"
     assert not (tmp_path / "checkpoints" / "checkpoint").exists()  # no NaN weights saved
 
 
-def test_reruns_completed_refused_and_extended(tiny_data_dir, tmp_path):
+def test_reruns_completed_refused_and_extended(tiny_data_dir, tmp_path, run_inprocess):
+    """The first run, the rerun of the completed run and the refused one are `python run.py`
+    (their exit status and line; the run dir's .hydra/ is the first command's); the refused
+    evaluation and the extension run in this process."""
     base = [*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=3",
             f"hydra.run.dir={tmp_path}"]
     assert run_cli(*base).returncode == 0
@@ -242,19 +259,22 @@ def test_reruns_completed_refused_and_extended(tiny_data_dir, tmp_path):
     assert _digest(tmp_path) == before
 
     # evaluate into a training run dir would overwrite its results: refused too
-    assert run_cli(*base, "mode=evaluate", f"ckpt_path={tmp_path}").returncode != 0
+    with pytest.raises(SystemExit) as exit_:
+        run_inprocess("trainer.steps_per_epoch=3", "mode=evaluate", f"ckpt_path={tmp_path}",
+                      out=tmp_path)
+    assert exit_.value.code != 0
     assert _digest(tmp_path) == before
 
     # raising trainer.epochs extends the run from its last checkpoint
-    extended = run_cli(*base, "trainer.epochs=3")
-    assert extended.returncode == 0, extended.stderr[-3000:]
-    assert _results(tmp_path)["epochs_completed"] == 3
+    extended = run_inprocess("trainer.steps_per_epoch=3", "trainer.epochs=3", out=tmp_path)
+    assert extended["epochs_completed"] == 3 == _results(tmp_path)["epochs_completed"]
     epochs = [int(r.split(",")[0]) for r in
               (tmp_path / "history.csv").read_text().splitlines()[1:]]
     assert epochs == [1, 2, 3]
 
 
-def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path, run_inprocess):
+def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path, run_inprocess,
+                                                 caplog):
     train = tmp_path / "train"  # trained in this process, on one device as run.py's
     run_inprocess("trainer.steps_per_epoch=2", "strategy.cpu_devices=1", out=train)
     data_files = sorted((train / "checkpoints").glob("ckpt-*.data-*"))
@@ -268,11 +288,15 @@ def test_corrupt_checkpoint_is_reported_and_kept(tiny_data_dir, tmp_path, run_in
     assert out.returncode != 0 and "truncated or corrupt" in text, text[-3000:]
     assert "Traceback" not in text
 
-    # resuming (extending) from it is refused the same way; nothing is deleted
-    out = run_cli(*fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=2", "trainer.epochs=3",
-                  "strategy.cpu_devices=1", f"hydra.run.dir={train}")
-    text = out.stdout + out.stderr
-    assert out.returncode != 0 and "truncated or corrupt" in text, text[-3000:]
+    # resuming (extending) from it is refused the same way (in this process); nothing is
+    # deleted
+    caplog.clear()
+    with pytest.raises(SystemExit) as exit_:
+        run_inprocess("trainer.steps_per_epoch=2", "trainer.epochs=3", "strategy.cpu_devices=1",
+                      out=train)
+    assert exit_.value.code != 0
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and "truncated or corrupt" in errors[-1], errors
     after = _digest(train)
     for name, digest in before.items():
         if name.startswith(("checkpoints/", "history.csv", "saved_model/", "results.json")):

@@ -169,3 +169,17 @@ def test_two_local_workers_train_as_one_process_with_two_replicas(verify):
     assert report.exit_code == 0
     chief = report.scratch_dir / "workers" / "W0"
     assert json.loads((chief / "results.json").read_text())["num_replicas"] == 2
+
+
+@pytest.mark.slow
+def test_the_command_runs_the_replicas_row_in_a_process_of_its_own(tiny_data_dir, tmp_path):
+    """The replicas row as the command runs it: in a process whose TensorFlow has not started
+    (the test session's has 3 CPU devices already, which hid a probe's strategy.cpu_devices=1
+    splitting the host into 1 device before the runtime started)."""
+    from conftest import run_cli
+
+    out = run_cli("verify", f"dataset.data_dir={tiny_data_dir}", "model=mlp",
+                  "model.hidden_units=[16]", "verify.checks=[replicas]", "verify.steps=2",
+                  f"verify.dir={tmp_path}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"\nreplicas +passed ", out.stdout), out.stdout

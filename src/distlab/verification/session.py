@@ -123,8 +123,8 @@ class Session:
 
 
 def configure_devices() -> bool:
-    """Split the host's CPU into DEVICES logical devices, before TensorFlow's runtime starts
-    (False: it had started with fewer, and the replica counts above them cannot run)."""
+    """Split the host's CPU into DEVICES logical devices and start TensorFlow's runtime with
+    them (False: it had started with fewer, and the replica counts above them cannot run)."""
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -132,5 +132,8 @@ def configure_devices() -> bool:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(DEVICES)])
     except RuntimeError:
-        return len(tf.config.list_logical_devices("CPU")) >= DEVICES
-    return True
+        pass
+    # start the runtime now, with the split: a probe's job would otherwise set its own
+    # strategy.cpu_devices (1 for the run's own strategy) before the first op, and the
+    # replica counts above it could not run
+    return len(tf.config.list_logical_devices("CPU")) >= DEVICES

@@ -155,8 +155,10 @@ def test_an_export_that_forgets_preprocessing_fails_the_export_check(verify, mon
 
 
 @pytest.mark.slow
-def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify):
+def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify, caplog):
     report = verify(checks=["data", "determinism", "replicas", "loops", "resume", "export"])
+    # the resume row's own SIGTERM is expected: its job's error line is not shown
+    assert not [r for r in caplog.records if "stopped by signal" in r.getMessage()]
     assert statuses(report) == dict.fromkeys(
         ["data", "determinism", "replicas", "loops", "resume", "export"], "passed"), \
         report.table()
@@ -249,3 +251,52 @@ def test_verify_json_is_strict_json_when_a_loss_is_not_finite(tmp_path):
     path = Report([row], tmp_path).write()
     written = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c))
     assert written["rows"][0]["figures"] == {"losses": [1.0, None], "diff": None}
+
+
+@pytest.mark.slow
+def test_a_diverging_run_fails_as_diverged_not_as_nondeterministic(verify):
+    report = verify("model=mlp", "model.hidden_units=[16]", "dataset.validation=null",
+                    "optimizer=sgd", "optimizer.learning_rate=1e30", checks=["determinism"])
+    row = report["determinism"]
+    assert row.status == "failed" and "the loss is not finite (step" in row.differs, row
+    assert "the run diverged" in row.differs and "diverges" in row.cause
+    json.loads(report.json_path.read_text(), parse_constant=lambda c: pytest.fail(c))
+
+
+def test_ctrl_c_stops_the_command_with_one_line_and_no_verdict(
+        tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """SIGINT while a check runs: exit 130, one line, no verify.json (nothing trains: the
+    check is replaced by one that sends the signal)."""
+    import os
+
+    from conftest import ROOT
+
+    from distlab import cli, verification
+
+    def interrupted(session):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("SIGINT not raised")
+
+    monkeypatch.setattr(verification, "_checks", lambda: {"data": interrupted})
+    monkeypatch.setattr("sys.argv", ["distlab", "verify", f"dataset.data_dir={tiny_data_dir}",
+                                     *USER, "dataset.name=clean_rows", "verify.checks=[data]",
+                                     f"verify.dir={tmp_path}"])
+    with pytest.raises(SystemExit) as ended:
+        cli.main(config_path=str(ROOT / "conf"))
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.startswith("verify interrupted: no verdict, no verify.json"), err
+    assert err.count("\n") == 1 and not list(tmp_path.rglob("verify.json"))
+
+
+def test_a_job_stopped_by_sigint_stops_verify():
+    """The resume row's jobs hear Ctrl-C first (they stop at a checkpoint, exit 130): verify
+    stops too instead of reading it as a failed row."""
+    from types import SimpleNamespace
+
+    from distlab.verification.resume import interruptible
+
+    with pytest.raises(KeyboardInterrupt):
+        interruptible(SimpleNamespace(exit_code=128 + int(signal.SIGINT)))
+    stopped = SimpleNamespace(exit_code=128 + int(signal.SIGTERM))
+    assert interruptible(stopped) is stopped

@@ -81,11 +81,17 @@ def test_the_command_prints_a_row_per_check_and_its_status_says_whether_all_hold
     out = capsys.readouterr().out
     assert re.search(r"\ndata +failed ", out), out
     assert "differs: 12 of the 64 rows of the test split" in out
-    assert "1 check(s) failed" in out and str(tmp_path / "a" / "verify.json") in out
+    assert "1 check(s) failed" in out
+    written = list((tmp_path / "a").glob("*/verify.json"))  # a fresh folder of verify.dir
+    assert len(written) == 1 and f"details: {written[0]}" in out, out
+    assert "this takes a minute or two" in out
     assert command("dataset.name=clean_rows", f"verify.dir={tmp_path / 'b'}") == 0
     assert "every check holds" in capsys.readouterr().out
     assert command("--cfg", "job") == 2
     assert capsys.readouterr().err.startswith("error: distlab verify does not take --cfg")
+    assert command("dataset.name=clean_rows", "model=nope") == 2  # refused: one line, no
+    refused = capsys.readouterr()  # promise of a minute or two
+    assert refused.out == "" and refused.err.count("\n") == 1, refused
 
 
 def test_a_bad_verify_setting_is_one_line():
@@ -149,8 +155,10 @@ def test_an_export_that_forgets_preprocessing_fails_the_export_check(verify, mon
 
 
 @pytest.mark.slow
-def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify):
+def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify, caplog):
     report = verify(checks=["data", "determinism", "replicas", "loops", "resume", "export"])
+    # the resume row's own SIGTERM is expected: its job's error line is not shown
+    assert not [r for r in caplog.records if "stopped by signal" in r.getMessage()]
     assert statuses(report) == dict.fromkeys(
         ["data", "determinism", "replicas", "loops", "resume", "export"], "passed"), \
         report.table()
@@ -169,3 +177,126 @@ def test_two_local_workers_train_as_one_process_with_two_replicas(verify):
     assert report.exit_code == 0
     chief = report.scratch_dir / "workers" / "W0"
     assert json.loads((chief / "results.json").read_text())["num_replicas"] == 2
+
+
+@pytest.mark.slow
+def test_the_command_runs_the_replicas_row_in_a_process_of_its_own(tiny_data_dir, tmp_path):
+    """The replicas row as the command runs it: in a process whose TensorFlow has not started
+    (the test session's has 3 CPU devices already, which hid a probe's strategy.cpu_devices=1
+    splitting the host into 1 device before the runtime started)."""
+    from conftest import run_cli
+
+    out = run_cli("verify", f"dataset.data_dir={tiny_data_dir}", "model=mlp",
+                  "model.hidden_units=[16]", "verify.checks=[replicas]", "verify.steps=2",
+                  f"verify.dir={tmp_path}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(r"\nreplicas +passed ", out.stdout), out.stdout
+
+
+# ---- settings refused in one line, fresh scratch directories, what verify.json holds
+@pytest.mark.parametrize("setting, says", [
+    ("verify.checks=[]", "verify.checks=[] names no check: give one or more of data, "),
+    ("verify.dir=", "verify.dir is empty: give the directory"),
+])
+def test_an_empty_verify_setting_is_one_line(setting, says):
+    report = distlab.verify([setting])
+    assert report.exit_code == 2 and report.error.startswith(says), report.error
+    assert "\n" not in report.error and report.json_path is None
+
+
+def test_a_verify_dir_that_cannot_be_a_directory_is_refused_in_one_line(
+        tiny_data_dir, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for where, says in ((a_file, "is a file, not a directory"),
+                        (a_file / "below", "cannot create a directory there"),
+                        ("/proc/nope", "cannot create a directory there")):
+        report = distlab.verify([f"dataset.data_dir={tiny_data_dir}", *USER,
+                                 "dataset.name=clean_rows", "verify.checks=[data]",
+                                 f"verify.dir={where}"])
+        assert report.exit_code == 2, report.error
+        assert report.error.startswith(f"verify.dir={where}: {says}"), report.error
+        assert "\n" not in report.error and report.json_path is None
+
+
+def test_each_verify_writes_a_fresh_folder_of_verify_dir(tiny_data_dir, tmp_path):
+    """Rerun with the same verify.dir: its runs and verify.json in a new folder, so nothing
+    of the first is reused."""
+    args = [f"dataset.data_dir={tiny_data_dir}", *USER, "dataset.name=clean_rows",
+            "verify.checks=[data]", f"verify.dir={tmp_path}"]
+    first, second = distlab.verify(args), distlab.verify(args)
+    assert first.ok and second.ok, (first.error, second.error)
+    assert first.scratch_dir != second.scratch_dir
+    assert {first.scratch_dir.parent, second.scratch_dir.parent} == {tmp_path}
+    assert first.json_path.exists() and second.json_path.exists()
+
+
+def test_brief_runs_log_to_no_tracker_whatever_the_user_s_logger(tiny_data_dir, tmp_path):
+    """logger=mlflow (and its settings) among the overrides: the run verified has it, the
+    brief runs do not (nothing goes into the user's tracking store)."""
+    from distlab.verification.options import Options
+    from distlab.verification.session import Session
+
+    session = Session([f"dataset.data_dir={tiny_data_dir}", "model=mlp", "logger=mlflow",
+                       "logger.experiment_name=mine"], Options(), tmp_path)
+    assert session.run_config.logger.name == "mlflow"
+    assert session.brief_config().logger.name == "tensorboard"
+
+
+def test_verify_json_is_strict_json_when_a_loss_is_not_finite(tmp_path):
+    from distlab.verification.report import FAILED, Report, Row
+
+    row = Row("determinism", FAILED, "x", figures={"losses": [1.0, float("nan")],
+                                                   "diff": float("inf")})
+    path = Report([row], tmp_path).write()
+    written = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert written["rows"][0]["figures"] == {"losses": [1.0, None], "diff": None}
+
+
+@pytest.mark.slow
+def test_a_diverging_run_fails_as_diverged_not_as_nondeterministic(verify):
+    report = verify("model=mlp", "model.hidden_units=[16]", "dataset.validation=null",
+                    "optimizer=sgd", "optimizer.learning_rate=1e30", checks=["determinism"])
+    row = report["determinism"]
+    assert row.status == "failed" and "the loss is not finite (step" in row.differs, row
+    assert "the run diverged" in row.differs and "diverges" in row.cause
+    json.loads(report.json_path.read_text(), parse_constant=lambda c: pytest.fail(c))
+
+
+def test_ctrl_c_stops_the_command_with_one_line_and_no_verdict(
+        tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """SIGINT while a check runs: exit 130, one line, no verify.json (nothing trains: the
+    check is replaced by one that sends the signal)."""
+    import os
+
+    from conftest import ROOT
+
+    from distlab import cli, verification
+
+    def interrupted(session):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise AssertionError("SIGINT not raised")
+
+    monkeypatch.setattr(verification, "_checks", lambda: {"data": interrupted})
+    monkeypatch.setattr("sys.argv", ["distlab", "verify", f"dataset.data_dir={tiny_data_dir}",
+                                     *USER, "dataset.name=clean_rows", "verify.checks=[data]",
+                                     f"verify.dir={tmp_path}"])
+    with pytest.raises(SystemExit) as ended:
+        cli.main(config_path=str(ROOT / "conf"))
+    assert ended.value.code == 130
+    err = capsys.readouterr().err
+    assert err.startswith("verify interrupted: no verdict, no verify.json"), err
+    assert err.count("\n") == 1 and not list(tmp_path.rglob("verify.json"))
+
+
+def test_a_job_stopped_by_sigint_stops_verify():
+    """The resume row's jobs hear Ctrl-C first (they stop at a checkpoint, exit 130): verify
+    stops too instead of reading it as a failed row."""
+    from types import SimpleNamespace
+
+    from distlab.verification.resume import interruptible
+
+    with pytest.raises(KeyboardInterrupt):
+        interruptible(SimpleNamespace(exit_code=128 + int(signal.SIGINT)))
+    stopped = SimpleNamespace(exit_code=128 + int(signal.SIGTERM))
+    assert interruptible(stopped) is stopped

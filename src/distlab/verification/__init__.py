@@ -46,23 +46,29 @@ def _checks() -> dict[str, Callable]:
 
 def verify(overrides: Sequence[str] = (), config_dir: str | Path | None = None, *,
            config_path: str | Path | None = None,
-           on_row: Callable[[Row], None] | None = None) -> Report:
+           on_row: Callable[[Row], None] | None = None,
+           on_start: Callable[[Path], None] | None = None) -> Report:
     """Verify the run `distlab [--config-dir CONFIG_DIR] OVERRIDES` would make (`verify.*`
-    overrides are verify's own settings); the Report (also written to its scratch
-    directory's verify.json). `on_row`: called with each row as it is found. Never exits."""
+    overrides are verify's own settings); the Report (also written to verify.json in a fresh
+    scratch directory: `report.json_path`, None when refused). `on_row`: called with each row
+    as it is found; `on_start`: with the scratch directory, once the config is accepted. Never
+    exits; Ctrl-C (KeyboardInterrupt) is raised, with no verify.json."""
     started = time.time()
+    given = [str(o) for o in overrides]
     try:
-        run_overrides, options = split_overrides([str(o) for o in overrides])
+        run_overrides, options = split_overrides(given)
     except DistlabError as e:
-        return Report([], scratch_dir(Options()), [str(o) for o in overrides], error=str(e))
-    scratch = scratch_dir(options).resolve()
-    report = Report([], scratch, run_overrides)
+        return Report([], None, given, error=str(e))
+    report = Report([], None, run_overrides)
     try:
-        session = _session(run_overrides, options, scratch, config_dir, config_path)
+        session = _session(run_overrides, options, config_dir, config_path)
     except DistlabError as e:
         report.error = str(e)
         report.seconds = time.time() - started
         return report
+    report.scratch_dir = session.scratch
+    if on_start is not None:
+        on_start(session.scratch)
     checks = _checks()
     tensorflow = logging.getLogger("tensorflow")
     tensorflow.addFilter(_no_retracing_notes)
@@ -79,13 +85,12 @@ def verify(overrides: Sequence[str] = (), config_dir: str | Path | None = None, 
     return report
 
 
-def _session(overrides: list[str], options: Options, scratch: Path, config_dir,
-             config_path):
+def _session(overrides: list[str], options: Options, config_dir, config_path):
     from distlab.config import register_configs
     from distlab.verification.session import Session, configure_devices
 
     register_configs()
-    session = Session(overrides, options, scratch, config_dir, config_path)
+    session = Session(overrides, options, None, config_dir, config_path)
     session.run_config  # noqa: B018 - composed and validated now: a bad override is one line
     # (before TensorFlow is imported), then the devices, before any TensorFlow op
     if not configure_devices() and "replicas" in options.checks:
@@ -93,7 +98,7 @@ def _session(overrides: list[str], options: Options, scratch: Path, config_dir,
                            "already runs in this process with fewer: run `distlab verify` "
                            "from the command line, or leave the check out "
                            "(verify.checks=[...])")
-    scratch.mkdir(parents=True, exist_ok=True)
+    session.scratch = scratch_dir(options).resolve()
     return session
 
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 USAGE = ("usage: distlab verify [--config-dir DIR] [OVERRIDES...] [verify.checks=[data,...]] "
-         "[verify.steps=N] [verify.batch=N] [verify.rows=N] [verify.dir=PATH]")
+         "[verify.workers=true] [verify.steps=N] [verify.batch=N] [verify.rows=N] "
+         "[verify.dir=PATH]")
 
 
 def main(args: list[str], config_path: str | None = None) -> int:
@@ -35,12 +36,23 @@ def main(args: list[str], config_path: str | None = None) -> int:
             overrides.append(arg)
     from distlab.verification import verify
 
-    print("distlab verify: a brief version of the run, checked (this takes a minute or two)",
-          flush=True)
-    report = verify(overrides, config_dir=Path(config_dir) if config_dir else None,
-                    config_path=config_path,
-                    on_row=lambda row: print(f"  {row.check}: {row.status} "
-                                             f"({row.seconds:.1f} s)", flush=True))
+    started: list[Path] = []
+
+    def start(scratch: Path) -> None:
+        started.append(scratch)
+        print("distlab verify: a brief version of the run, checked (this takes a minute or "
+              f"two; its runs go to {scratch})", flush=True)
+
+    try:
+        report = verify(overrides, config_dir=Path(config_dir) if config_dir else None,
+                        config_path=config_path, on_start=start,
+                        on_row=lambda row: print(f"  {row.check}: {row.status} "
+                                                 f"({row.seconds:.1f} s)", flush=True))
+    except KeyboardInterrupt:
+        where = f" (its runs so far: {started[0]})" if started else ""
+        print(f"verify interrupted: no verdict, no verify.json{where}", file=sys.stderr,
+              flush=True)
+        return 130
     if report.error:
         print(f"error: {report.error}", file=sys.stderr)
         return report.exit_code

@@ -102,3 +102,13 @@ def relative_diffs(a: list[float], b: list[float]) -> float:
             return float("inf")
         worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-12))
     return worst
+
+
+def not_finite(**losses: list[float | None]) -> str | None:
+    """Where a run's per-step losses first stop being finite (None: all finite), e.g.
+    "step 2 of the 1-replica run: loss nan", from keyword lists named by the run."""
+    for name, values in losses.items():
+        for i, x in enumerate(values):
+            if x is None or not np.isfinite(x):
+                return f"step {i + 1} of {name.replace('_', ' ')}: loss {x}"
+    return None

@@ -4,11 +4,14 @@ on the terminal and its `verify.json`. No TensorFlow here."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 PASSED, WARNING, FAILED, SKIPPED = "passed", "warning", "failed", "skipped"
 
@@ -38,10 +41,11 @@ class Report:
     there), and the overrides it verified. `ok`: every row holds (warnings allowed)."""
 
     rows: list[Row]
-    scratch_dir: Path
+    scratch_dir: Path | None  # None: refused before one was made
     overrides: list[str] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None  # the experiment could not be composed or validated
+    json_path: Path | None = None  # verify.json once written (None: nothing was written)
 
     @property
     def ok(self) -> bool:
@@ -60,19 +64,20 @@ class Report:
         raise KeyError(f"no {check!r} row: the checks run were "
                        f"{', '.join(r.check for r in self.rows) or 'none'}")
 
-    @property
-    def json_path(self) -> Path:
-        return self.scratch_dir / "verify.json"
-
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "overrides": self.overrides, "scratch_dir": str(self.scratch_dir),
+        return {"ok": self.ok, "overrides": self.overrides,
+                "scratch_dir": None if self.scratch_dir is None else str(self.scratch_dir),
                 "seconds": round(self.seconds, 1), "error": self.error,
                 "rows": [asdict(row) for row in self.rows]}
 
     def write(self) -> Path:
+        """verify.json in the scratch directory (strict JSON: a non-finite number is null)."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
-        self.json_path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
-        return self.json_path
+        path = self.scratch_dir / "verify.json"
+        path.write_text(json.dumps(_finite(self.to_dict()), indent=2, default=str,
+                                   allow_nan=False) + "\n")
+        self.json_path = path
+        return path
 
     def table(self, width: int | None = None) -> str:
         """One line per check (status, check, what it compared), then the indented detail
@@ -96,3 +101,16 @@ class Report:
 
 def _cut(text: str, room: int) -> str:
     return text if len(text) <= room or room < 20 else text[: room - 1] + "…"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float (numpy's too) as None, recursively."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from distlab.verification.options import Options, brief
+from distlab.verification.options import Options, brief, without_logger
 
 log = logging.getLogger("distlab")
 DEVICES = 3  # logical CPU devices verify's process splits the host into (replicas 1, 2, 3)
@@ -20,16 +20,23 @@ DEVICES = 3  # logical CPU devices verify's process splits the host into (replic
 class Session:
     overrides: list[str]
     options: Options
-    scratch: Path
+    scratch: Path | None  # set once the run's config is accepted
     config_dir: str | Path | None = None
     config_path: str | Path | None = None
     _count: dict[str, int] = field(default_factory=dict)
     _composed: dict[tuple[str, ...], DictConfig] = field(default_factory=dict)
     _trained: object = None
 
+    @property
+    def brief_overrides(self) -> list[str]:
+        """The run's overrides a brief run starts from: without the `logger` group's (a brief
+        run logs to its run dir only, never into the user's tracking store)."""
+        return without_logger(self.overrides)
+
     def compose(self, *extra: str) -> DictConfig:
-        """The config of the run's overrides plus `extra`, validated and its user code
-        imported (as a run checks it before training), without Hydra's node."""
+        """The config of the run's overrides plus `extra` (with `extra`: a brief run's, from
+        `brief_overrides`), validated and its user code imported (as a run checks it before
+        training), without Hydra's node."""
         from distlab import plugins
         from distlab.config import validate
         from distlab.launch.api import _compose
@@ -37,7 +44,8 @@ class Session:
 
         key = tuple(extra)
         if key not in self._composed:  # (Hydra's composition takes a second or so)
-            composed = _compose([*self.overrides, *extra], self.config_dir, self.config_path)
+            overrides = self.brief_overrides if extra else self.overrides
+            composed = _compose([*overrides, *extra], self.config_dir, self.config_path)
             cfg = OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"])
             _check_interpolations(cfg)
             validate(cfg)
@@ -123,8 +131,8 @@ class Session:
 
 
 def configure_devices() -> bool:
-    """Split the host's CPU into DEVICES logical devices, before TensorFlow's runtime starts
-    (False: it had started with fewer, and the replica counts above them cannot run)."""
+    """Split the host's CPU into DEVICES logical devices and start TensorFlow's runtime with
+    them (False: it had started with fewer, and the replica counts above them cannot run)."""
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -132,5 +140,8 @@ def configure_devices() -> bool:
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(DEVICES)])
     except RuntimeError:
-        return len(tf.config.list_logical_devices("CPU")) >= DEVICES
-    return True
+        pass
+    # start the runtime now, with the split: a probe's job would otherwise set its own
+    # strategy.cpu_devices (1 for the run's own strategy) before the first op, and the
+    # replica counts above it could not run
+    return len(tf.config.list_logical_devices("CPU")) >= DEVICES

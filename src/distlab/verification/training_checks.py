@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from distlab.verification.probe import max_abs_diff, relative_diffs, scale
+from distlab.verification.probe import max_abs_diff, not_finite, relative_diffs, scale
 from distlab.verification.report import FAILED, PASSED, WARNING, Row
 from distlab.verification.session import Session
 
@@ -18,6 +18,16 @@ WEIGHT_TOL = {"float32": 1e-5, "mixed_float16": 1e-2, "mixed_bfloat16": 5e-2}
 def _tolerances(session: Session) -> tuple[float, float]:
     precision = session.run_config.precision
     return LOSS_RTOL.get(precision, 1e-5), WEIGHT_TOL.get(precision, 1e-5)
+
+
+def diverged(check: str, summary: str, where: str, figures: dict) -> Row:
+    """A failed row for a run whose loss is not finite: it diverged, so nothing else can be
+    compared (not a sign of non-determinism)."""
+    return Row(check, FAILED, summary, figures=figures,
+               differs=f"the loss is not finite ({where}): the run diverged",
+               cause="the training itself diverges: a learning rate too high for the "
+               "optimizer, a loss or layer that overflows (log of 0, exp of a large value), "
+               "or non-finite inputs (the data check finds those)")
 
 
 def _first_difference(a: list[float], b: list[float]) -> str:
@@ -37,6 +47,8 @@ def determinism(session: Session) -> Row:
     diff, where = max_abs_diff(weights_a, weights_b)
     summary = f"the run twice with deterministic=true: {steps} per-step losses and the weights"
     figures = {"losses": losses_a, "losses_again": losses_b, "weights_max_abs_diff": diff}
+    if where_not_finite := not_finite(first_run=losses_a, second_run=losses_b):
+        return diverged("determinism", summary, where_not_finite, figures)
     if losses_a == losses_b and diff == 0.0:
         return Row("determinism", PASSED, summary + " identical", figures=figures)
     differs = (f"per-step losses differ ({_first_difference(losses_a, losses_b)}); weights "
@@ -92,7 +104,10 @@ def replicas(session: Session) -> Row:
     weight_diff, where = max_abs_diff(weights_1, weights_2)
     tolerance = weight_tol * scale(weights_1)
     figures.update(losses_1x2b=losses_1, losses_2xb=losses_2, weights_max_abs_diff=weight_diff)
-    if loss_diff > loss_rtol or weight_diff > tolerance:
+    if where_not_finite := not_finite(the_1_replica_run=losses_1, the_2_replica_run=losses_2):
+        problems.append(f"the loss is not finite ({where_not_finite}): the run diverged")
+        cause = cause or diverged("replicas", "", where_not_finite, {}).cause
+    elif loss_diff > loss_rtol or weight_diff > tolerance:
         problems.append(f"{steps} steps of 1 x {2 * batch} and 2 x {batch} examples: losses "
                         f"differ by up to {loss_diff:.2g} (relative, tolerance {loss_rtol:g}), "
                         f"weights by {weight_diff:.3g} in {where} (tolerance {tolerance:.2g})")
@@ -178,6 +193,8 @@ def loops(session: Session) -> Row:
                "weights_max_abs_diff": weight_diff}
     summary = (f"loop={name} against loop={reference}: {steps} per-step losses and the "
                f"weights after them")
+    if where_not_finite := not_finite(the_run=losses, the_reference=ref_losses):
+        return diverged("loops", summary, where_not_finite, figures)
     if loss_diff <= loss_rtol and weight_diff <= tolerance:
         return Row("loops", PASSED, summary + " agree", figures=figures)
     differs = (f"per-step losses differ by up to {loss_diff:.2g} (relative, tolerance "

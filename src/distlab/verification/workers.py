@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from distlab.verification.report import FAILED, PASSED, Row
-from distlab.verification.resume import _brief_evaluation
+from distlab.verification.resume import _brief_evaluation, interruptible
 from distlab.verification.session import Session
 from distlab.verification.training_checks import _tolerances
 
@@ -39,7 +39,8 @@ def check(session: Session) -> Row:
                "steps an epoch, 2 epochs) against 1 process with 2 replicas: the chief's test "
                f"figures and history losses (to {loss_rtol:g} relative) and final checkpoint "
                f"(to {weight_tol:g} x the largest weight)")
-    one = run(session.brief_config(*extra, replicas=WORKERS, batch=batch), where / "one-process")
+    one = interruptible(run(session.brief_config(*extra, replicas=WORKERS, batch=batch),
+                            where / "one-process"))
     if not one.ok:
         return Row("workers", FAILED, summary, differs=f"the 1-process run failed: {one.error}",
                    cause=f"the run itself fails (see its run.log in {where / 'one-process'})")
@@ -105,7 +106,7 @@ def _run_workers(session: Session, where: Path, extra: list[str]) -> str | None:
         logs.append(log_path)
         with open(log_path, "w") as out:
             procs.append(subprocess.Popen(
-                [*_command(session), *session.overrides, *extra,
+                [*_command(session), *session.brief_overrides, *extra,
                  f"hydra.run.dir={where / f'W{index}'}"],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
     try:

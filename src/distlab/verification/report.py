@@ -11,8 +11,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 PASSED, WARNING, FAILED, SKIPPED = "passed", "warning", "failed", "skipped"
 
 
@@ -109,6 +107,8 @@ def _finite(value: Any) -> Any:
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
+    import numpy as np  # here: importing distlab (this module) imports no NumPy
+
     if isinstance(value, float | np.floating):
         return float(value) if math.isfinite(value) else None
     if isinstance(value, np.integer):

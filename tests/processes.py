@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,12 +196,3 @@ def run(script: str | Path, *args: str, timeout: float, cwd: Path = ROOT,
         raise
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
-
-def wait_for(path: Path, processes: list[Process], timeout: float) -> bool:
-    """Until `path` exists (True), or one of `processes` ended or `timeout` passed (False)."""
-    expiry = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > expiry or any(p.poll() is not None for p in processes):
-            return path.exists()
-        time.sleep(0.02)
-    return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -9,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import processes
@@ -329,6 +331,21 @@ class _RefuseRunner:
         return None
 
 
+@contextlib.contextmanager
+def runner_refused() -> Iterator[_RefuseRunner]:
+    """Within: importing `distlab.training.runner` fails (an already imported one is set
+    aside and put back after); the guard's `asked` says whether anything tried."""
+    guard = _RefuseRunner()
+    saved = sys.modules.pop("distlab.training.runner", None)
+    sys.meta_path.insert(0, guard)
+    try:
+        yield guard
+    finally:
+        sys.meta_path.remove(guard)
+        if saved is not None:
+            sys.modules["distlab.training.runner"] = saved
+
+
 def refusal_in_process(out: Path, *overrides: str) -> str:
     """The error of a job this process runs as `python run.py OVERRIDES` would (composition
     with Hydra's error turned into distlab's one line, then `distlab.run`), asserting it is
@@ -344,15 +361,8 @@ def refusal_in_process(out: Path, *overrides: str) -> str:
         cfg = compose(list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         return composition_error(e)
-    guard = _RefuseRunner()
-    saved = sys.modules.pop("distlab.training.runner", None)
-    sys.meta_path.insert(0, guard)
-    try:
+    with runner_refused() as guard:
         results = distlab.run(cfg, output_dir=out)
-    finally:
-        sys.meta_path.remove(guard)
-        if saved is not None:
-            sys.modules["distlab.training.runner"] = saved
     assert not guard.asked, f"{overrides}: TensorFlow's side imported before the refusal"
     assert results.exit_code == 2, (results.exit_code, results.error)
     assert "\n" not in results.error and "Traceback" not in results.error, results.error

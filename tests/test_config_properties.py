@@ -17,13 +17,12 @@ from __future__ import annotations
 import csv
 import json
 import signal
-import sys
 import tempfile
 from pathlib import Path
 
 import config_strategies as cs
 import pytest
-from conftest import _RefuseRunner, compose
+from conftest import compose, runner_refused
 from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -61,17 +60,9 @@ def checks_before_training(line: list[str], out: Path) -> str | None:
     def taken(self) -> None:
         raise _ChecksPassed
 
-    guard = _RefuseRunner()
-    saved = sys.modules.pop("distlab.training.runner", None)
-    sys.meta_path.insert(0, guard)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(RunDir, "mark_holder", taken)
-            results = distlab.run(cfg, output_dir=out)
-    finally:
-        sys.meta_path.remove(guard)
-        if saved is not None:
-            sys.modules["distlab.training.runner"] = saved
+    with runner_refused() as guard, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RunDir, "mark_holder", taken)
+        results = distlab.run(cfg, output_dir=out)
     assert not guard.asked, f"{line}: distlab.training.runner imported before the checks ended"
     if results.error == "_ChecksPassed: ":  # (the job reports what it caught as a failure)
         return None

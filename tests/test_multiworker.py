@@ -20,18 +20,10 @@ import processes
 import pytest
 from conftest import ROOT, fast_overrides
 
+from distlab.distribute.cluster import free_ports
+
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 TIMEOUT = 240  # seconds before a worker process is killed
-
-
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def _start(index: int, workers: list[str], *args: str, env: dict | None = None,
@@ -52,7 +44,7 @@ def _finish(proc: processes.Process, timeout: float = TIMEOUT) -> str:
 
 def _cluster(run_dir: Path, *args: str) -> tuple[list[processes.Process], list[str]]:
     """Start worker 0 (chief) and worker 1, with run dirs run_dir/W0 and run_dir/W1."""
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     return [_start(i, workers, *args, f"hydra.run.dir={run_dir / f'W{i}'}")
             for i in range(2)], workers
 
@@ -62,7 +54,7 @@ def _held_cluster(run_dir: Path, gate: str, *args: str, held: int = 1
     """As `_cluster`, with worker `held` held at `gate` (tests/gate.py: `step:E:S`); returns
     once it is held (an event, whatever the machine's speed): (processes, workers, gate
     folder, where `released` lets it go on)."""
-    workers, folder = [f"127.0.0.1:{p}" for p in _free_ports(2)], run_dir / "gate"
+    workers, folder = [f"127.0.0.1:{p}" for p in free_ports(2)], run_dir / "gate"
     folder.mkdir(parents=True)
     gated = {"entry": str(Path("tests") / "gate.py"),
              "env": {"DISTLAB_TEST_GATE": gate, "DISTLAB_TEST_GATE_DIR": str(folder)}}
@@ -236,7 +228,7 @@ def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_pa
 
 
 def test_lone_worker_gives_up_naming_the_missing_peer(tiny_data_dir, tmp_path):
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     proc = _start(0, workers, *fast_overrides(tiny_data_dir), "strategy.connect_timeout_s=5",
                   f"hydra.run.dir={tmp_path}")
     out = _finish(proc, timeout=120)
@@ -287,7 +279,7 @@ def test_workers_started_with_other_configs_all_stop_before_the_first_step(tiny_
     """Worker 1 with another seed and learning rate (and its own connect timeout, a
     per-machine key): both workers stop at start-up with the same one line naming both keys
     and both values; nothing is trained or checkpointed."""
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     common = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
               "trainer.steps_per_epoch=3")
     own = [("seed=1",), ("seed=2", "optimizer.learning_rate=0.01",
@@ -360,7 +352,7 @@ def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective(loop, tiny
     """The chief draws a progress bar on a terminal (loop.verbose=1) and runs a chief-only
     callback that reads every batch's logs; worker 1 does neither. Both train to the end."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     boss = tmp_path / "chief.jsonl"
     args = (*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=1",
             "trainer.steps_per_epoch=3", "loop.verbose=1",
@@ -402,7 +394,7 @@ def test_workers_given_one_run_dir_write_only_the_chiefs_there(tiny_data_dir, tm
     """Both workers get the same hydra.run.dir (the README's commands on one machine):
     worker 1's .hydra/ and run.log go to <dir>-worker1; the chief's run.log has each epoch
     line once, and its .hydra/ is the chief's."""
-    workers = [f"127.0.0.1:{p}" for p in _free_ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     run_dir = tmp_path / "mw"
     args = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
             "trainer.steps_per_epoch=3", f"hydra.run.dir={run_dir}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig
@@ -109,3 +110,14 @@ def expand_tasks_per_node(spec: str) -> list[int]:
             raise ValueError(f"SLURM_STEP_TASKS_PER_NODE={spec!r}")
         counts += [int(match.group(1))] * int(match.group(2) or 1)
     return counts
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports free on 127.0.0.1 now (for local workers' TF_CONFIG)."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports

@@ -11,7 +11,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distlab.distribute.cluster import free_ports
 from distlab.verification.report import FAILED, PASSED, Row
 from distlab.verification.resume import _brief_evaluation, interruptible
 from distlab.verification.session import Session
@@ -70,16 +70,6 @@ def _brief(session: Session, batch: int) -> list[str]:
             "strategy.name=multi_worker_mirrored", "strategy.cpu_devices=null"]
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _command(session: Session) -> list[str]:
     """The `distlab` command as this process runs it (its configs and `--config-dir`)."""
     from distlab.config.store import PACKAGE_CONFIG_PATH
@@ -95,7 +85,7 @@ def _command(session: Session) -> list[str]:
 def _run_workers(session: Session, where: Path, extra: list[str]) -> str | None:
     """Run the 2 workers to their end (run dirs where/W0, where/W1); None, or why a worker
     failed (one line, with its last log lines)."""
-    cluster = [f"127.0.0.1:{p}" for p in _free_ports(WORKERS)]
+    cluster = [f"127.0.0.1:{p}" for p in free_ports(WORKERS)]
     source = str(Path(__file__).resolve().parents[2])  # the same distlab in each
     path = os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])
     procs, logs = [], []

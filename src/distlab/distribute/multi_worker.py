@@ -115,6 +115,13 @@ def same_config(worker: Worker, config: dict[str, Any], run_dir: Path,
     worker.chief_run_dir = chief["run_dir"]
     for rank, entry in enumerate(entries[1:], start=1):
         if entry["digest"] != chief["digest"]:
+            # every worker finds the same mismatch; none leaves (the chief's leaving ends the
+            # coordination service) before all have read every entry
+            try:
+                store.wait_at_barrier(f"distlab/config/{_exchanges}/read",
+                                      int(timeout_s * 1000))
+            except tf.errors.OpError as e:
+                log.debug("config barrier: %s", e)
             raise DistlabError(_config_mismatch(worker.workers, rank, chief["config"],
                                                 entry["config"]))
 

@@ -113,7 +113,8 @@ def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_
     assert [(r["objective"], float(r["objective_value"])) for r in rows] == [
         ("test_mae", 0.7), ("test_mae", 0.5), ("test_mae", 0.9)]
     md = (tmp_path / "summary.md").read_text()
-    assert "Best test_mae (min): 0.5 in job 1" in md and "test mae" in md
+    assert ("Best configuration (chosen on `test_mae`, minimized): "
+            "`optimizer.learning_rate=2e-3` (job 1: test_mae 0.5)") in md and "test mae" in md
     assert "Objective: `test_mae` (minimized)" in md and "| objective value |" in md
     _assert_png(tmp_path / "summary.png")
 
@@ -142,7 +143,7 @@ def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
     assert [r["dataset.batch_size_per_replica"] for r in rows] == ["32", "64", "128"]
     md = (tmp_path / "summary.md").read_text()
     assert "| 1 | dataset.batch_size_per_replica=64 | failed |" in md
-    assert "`loop=custom`" in md and "Best test_accuracy" in md
+    assert "`loop=custom`" in md and "Best configuration (chosen on `test_accuracy`" in md
     _assert_png(tmp_path / "summary.png")
     assert _session_hparams(_hparams_events(tmp_path / "0" / "logs"))["status"] == "completed"
     _hparams_events(tmp_path)  # the experiment config

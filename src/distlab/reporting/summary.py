@@ -8,7 +8,10 @@ When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
                   examples/sec with its spread and per replica,
                   scaling efficiency, time to target, wall time, error), plus one column
                   per swept key
-    summary.md    the same as a Markdown table
+    summary_groups.csv  when jobs differ only in `seed` (repeats): one row per group, ranked
+                  by the objective's mean: n, seeds and each figure's mean, standard
+                  deviation and 95% confidence interval (`repeats`)
+    summary.md    the same as Markdown tables, headed by the best configuration
     summary.png   the objective, examples/sec (error bars) and time to target against the
                   swept value(s)
     events.out.tfevents.*.hparams (and one in each <job>/logs/)   TensorBoard HParams,
@@ -46,8 +49,10 @@ from distlab.reporting.jobs import (
     tally,
 )
 from distlab.reporting.plot import MAX_PLOTTED_KEYS, Panel, panels, plot
+from distlab.reporting.repeats import Group, group_repeats, has_repeats, rank
 from distlab.reporting.table import (
     CLASSIFICATION,
+    GROUPS_CSV,
     LEADING,
     OBJECTIVE,
     TARGET,
@@ -59,9 +64,11 @@ from distlab.reporting.table import (
     has_target,
     markdown,
     metrics,
+    repeat_fields,
     rows,
     scaling_efficiency,
     write_csv,
+    write_group_csv,
 )
 from distlab.tracking import session as tracking
 
@@ -127,15 +134,20 @@ class SweepSummary(Callback):
                                        if j.results.get("objective")), figure_fields(jobs)[0])
         if maximize is None:
             maximize = _maximize(jobs, objective)
-        write_csv(sweep_dir / "summary.csv", rows(jobs, swept, objective),
-                  columns(jobs) + swept)
+        table = rows(jobs, swept, objective)
+        write_csv(sweep_dir / "summary.csv", table, columns(jobs) + swept)
+        written = ["summary.csv"]
+        groups = repeats(jobs, table, objective, maximize)
+        if groups:
+            write_group_csv(sweep_dir / GROUPS_CSV, groups, swept, repeat_fields(jobs, objective))
+            written.append(GROUPS_CSV)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
-                                                       maximize))
-        written = ["summary.csv", "summary.md"]
+                                                       maximize, groups))
+        written.append("summary.md")
         extras = []
         if self.plot:
             extras.append(("summary.png", lambda: plot(sweep_dir / "summary.png", jobs, swept,
-                                                       objective)))
+                                                       objective, groups)))
         if self.tensorboard:
             extras.append(("TensorBoard HParams", lambda: write_hparams(sweep_dir, jobs, swept)))
         for name, write in extras:
@@ -147,6 +159,15 @@ class SweepSummary(Callback):
                             type(e).__name__, e)
         log.info("sweep summary (%s): %s in %s", tally(jobs), ", ".join(written), sweep_dir)
         return [j for j in jobs if j.failed]
+
+
+def repeats(jobs: Sequence[Job], table: Sequence[dict[str, Any]], objective: str,
+            maximize: bool) -> list[Group]:
+    """The groups of jobs that differ only in seed, ranked by the objective's mean; empty
+    when no configuration was repeated with another seed."""
+    listed = [{**row, "overrides": job.overrides} for row, job in zip(table, jobs, strict=True)]
+    groups = group_repeats(listed, repeat_fields(jobs, objective))
+    return rank(groups, objective, maximize) if has_repeats(groups) else []
 
 
 def _set_direction(config: DictConfig) -> bool | None:

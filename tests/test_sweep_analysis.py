@@ -137,3 +137,102 @@ def test_a_sweep_without_repeats_has_no_groups(tmp_path):
     assert ("Best configuration (chosen on `val_accuracy`, maximized): "
             "`optimizer.learning_rate=3e-3` (job 1: val_accuracy 0.6).") in md, md
     assert "| batch/replica |" in md  # it differs between the jobs
+
+
+def _optuna_at_least_3_6():
+    optuna = pytest.importorskip("optuna")
+    from distlab.reporting.search import MIN_OPTUNA, _version
+
+    if _version(optuna.__version__) < MIN_OPTUNA:
+        pytest.skip(f"optuna {optuna.__version__} has no PED-ANOVA importance")
+    return optuna
+
+
+def _storage(optuna, path: Path):
+    if path.suffix == ".db":
+        return f"sqlite:///{path}"
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+
+
+def test_an_optuna_search_gets_its_importances_and_history(tmp_path):
+    """A study kept in the sweep dir (its journal file): the learning rate decides the
+    value, the batch size does not; the importances say so (table, csv, plot), the history
+    is drawn, and matplotlib's style is left as it was (Optuna's plots set ggplot)."""
+    optuna = _optuna_at_least_3_6()
+    import matplotlib
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="distlab", direction="maximize",
+                                storage=_storage(optuna, tmp_path / "optuna.journal"),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+
+    def objective(trial):
+        lr = trial.suggest_float("optimizer.learning_rate", 1e-4, 1e-2, log=True)
+        trial.suggest_categorical("dataset.batch_size_per_replica", [32, 64, 128])
+        if trial.number == 3:
+            raise ValueError("a failed trial")
+        return 1 - (math.log10(lr) + 3) ** 2
+
+    study.optimize(objective, n_trials=24, catch=(ValueError,))
+    other = optuna.create_study(study_name="other", storage=study._storage)  # not analysed
+    other.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    for num in range(2):
+        _fake_job(tmp_path, num, [f"optimizer.learning_rate={num + 1}e-3"],
+                  {"status": "completed", "val_accuracy": 0.5 + num / 10})
+    style = dict(matplotlib.rcParams)
+
+    SweepSummary(tensorboard=False).summarise(tmp_path, study_name="distlab")
+
+    assert dict(matplotlib.rcParams) == style
+    rows = _csv(tmp_path / "optuna_importance.csv")
+    assert [r["parameter"] for r in rows] == ["optimizer.learning_rate",
+                                              "dataset.batch_size_per_replica"]
+    assert float(rows[0]["importance"]) > 0.5
+    for name in ("optuna_importance.png", "optuna_history.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC, name
+    md = (tmp_path / "summary.md").read_text()
+    assert "## Search (Optuna study `distlab`)" in md and "24 trials: " in md, md
+    assert "23 complete" in md and "1 fail" in md, md
+    assert f"Best trial: #{study.best_trial.number}, value {study.best_value:.4g}" in md
+    assert f"| optimizer.learning_rate | {float(rows[0]['importance']):.3f} |" in md, md
+    assert md.index("## Search") < md.index("## Jobs")
+
+
+@pytest.mark.slow  # trains nothing, but Optuna's SQLite schema takes seconds to create
+def test_the_study_loads_from_an_sqlite_file_too(tmp_path):
+    optuna = _optuna_at_least_3_6()
+    from distlab.reporting.search import load_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="distlab",
+                                storage=_storage(optuna, tmp_path / "optuna.db"))
+    study.optimize(lambda t: t.suggest_float("x", 0, 2), n_trials=1)
+    loaded, why = load_study(tmp_path)
+    assert (loaded.study_name, len(loaded.trials), why) == ("distlab", 1, "")
+
+
+def test_a_search_analysis_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, caplog):
+    """No study file: no analysis and nothing said. A study file with an Optuna too old for
+    it: one line, and the rest of the summary as usual."""
+    import logging
+
+    from distlab.reporting import search
+
+    _fake_job(tmp_path, 0, ["optimizer.learning_rate=1e-3"],
+              {"status": "completed", "val_accuracy": 0.5})
+    _fake_job(tmp_path, 1, ["optimizer.learning_rate=3e-3"],
+              {"status": "completed", "val_accuracy": 0.6})
+    with caplog.at_level(logging.INFO):
+        SweepSummary(plot=False, tensorboard=False).summarise(tmp_path)
+    assert "search analysis" not in caplog.text and "optuna" not in caplog.text
+    (tmp_path / "optuna.journal").write_text("")
+    optuna = pytest.importorskip("optuna")
+    monkeypatch.setattr(optuna, "__version__", "2.10.1")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        SweepSummary(plot=False, tensorboard=False).summarise(tmp_path)
+    lines = [r.getMessage() for r in caplog.records if "optuna" in r.getMessage()]
+    assert lines == ["sweep summary: optuna 2.10.1 is too old for the search analysis "
+                     "(needs 3.6 or newer)"], lines
+    assert "## Search" not in (tmp_path / "summary.md").read_text()
+    assert not (tmp_path / search.IMPORTANCE_CSV).exists()

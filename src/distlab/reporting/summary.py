@@ -12,6 +12,9 @@ When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
                   by the objective's mean: n, seeds and each figure's mean, standard
                   deviation and 95% confidence interval (`repeats`)
     summary.md    the same as Markdown tables, headed by the best configuration
+    optuna_importance.csv, optuna_importance.png, optuna_history.png   for an Optuna search
+                  whose study the sweep dir keeps (`search`): parameter importances and the
+                  optimisation history; summary.md gets their table
     summary.png   the objective, examples/sec (error bars) and time to target against the
                   swept value(s)
     events.out.tfevents.*.hparams (and one in each <job>/logs/)   TensorBoard HParams,
@@ -50,6 +53,7 @@ from distlab.reporting.jobs import (
 )
 from distlab.reporting.plot import MAX_PLOTTED_KEYS, Panel, panels, plot
 from distlab.reporting.repeats import Group, group_repeats, has_repeats, rank
+from distlab.reporting.search import Analysis, analyse, load_study
 from distlab.reporting.table import (
     CLASSIFICATION,
     GROUPS_CSV,
@@ -102,7 +106,9 @@ class SweepSummary(Callback):
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
-                                maximize=_set_direction(config))
+                                maximize=_set_direction(config),
+                                study_name=OmegaConf.select(config, "hydra.sweeper.study_name",
+                                                            default=None))
         summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
         ending = sweep_signals.end()  # stopped by a signal, or a job's process died
         tracking.finish_sweep(config, sweep_dir, len(failed),
@@ -120,10 +126,11 @@ class SweepSummary(Callback):
             raise SystemExit(1)
 
     def summarise(self, sweep_dir: Path, objective: str = "",
-                  maximize: bool | None = None) -> list[Job]:
+                  maximize: bool | None = None, study_name: str | None = None) -> list[Job]:
         """Write the summary files; return the failed jobs. `objective`: the results.json
         field to rank by (empty: the one the jobs report as theirs); `maximize`: which way
-        (None: `_maximize`'s, for that objective)."""
+        (None: `_maximize`'s, for that objective); `study_name`: the Optuna study to analyse
+        when the sweep dir keeps one (default: its only, or last, study)."""
         jobs = find_jobs(sweep_dir)
         if not jobs:
             log.warning("sweep summary: no job directories under %s", sweep_dir)
@@ -141,9 +148,10 @@ class SweepSummary(Callback):
         if groups:
             write_group_csv(sweep_dir / GROUPS_CSV, groups, swept, repeat_fields(jobs, objective))
             written.append(GROUPS_CSV)
+        analysis = self.analyse_search(sweep_dir, study_name)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
-                                                       maximize, groups))
-        written.append("summary.md")
+                                                       maximize, groups, analysis.lines))
+        written += ["summary.md", *analysis.written]
         extras = []
         if self.plot:
             extras.append(("summary.png", lambda: plot(sweep_dir / "summary.png", jobs, swept,
@@ -159,6 +167,21 @@ class SweepSummary(Callback):
                             type(e).__name__, e)
         log.info("sweep summary (%s): %s in %s", tally(jobs), ", ".join(written), sweep_dir)
         return [j for j in jobs if j.failed]
+
+
+    def analyse_search(self, sweep_dir: Path, study_name: str | None = None) -> Analysis:
+        """An Optuna search's importances and history (`search`), when the sweep dir keeps
+        its study; a failure or a missing requirement is one logged line."""
+        try:
+            study, why = load_study(sweep_dir, study_name)
+            if study is None:
+                if why:
+                    log.info("sweep summary: %s", why)
+                return Analysis(note=why)
+            return analyse(study, sweep_dir, plots=self.plot)
+        except Exception as e:  # noqa: BLE001 - a summary without the analysis beats none
+            log.warning("sweep summary: no search analysis: %s: %s", type(e).__name__, e)
+            return Analysis(note=str(e))
 
 
 def repeats(jobs: Sequence[Job], table: Sequence[dict[str, Any]], objective: str,

@@ -139,10 +139,11 @@ SETTINGS = [("batch_size_per_replica", "batch/replica"), ("global_batch_size", "
 
 
 def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objective: str,
-             maximize: bool, groups: Sequence[Group] = ()) -> str:
+             maximize: bool, groups: Sequence[Group] = (), sections: Sequence[str] = ()) -> str:
     """summary.md: a headline naming the best configuration (on the objective: a validation
     figure), the shared overrides and settings, the repeats' table when jobs differ only in
-    seed (`groups`, ranked), then one row per job showing only what differs between jobs."""
+    seed (`groups`, ranked), more `sections` (lines: a search's analysis), then one row per
+    job showing only what differs between jobs."""
     way = "maximized" if maximize else "minimized"
     lines = [f"# Sweep {sweep_dir}", "", f"{tally(list(jobs))}.",
              f"Objective: `{objective}` ({way}), each job's value in the column objective "
@@ -162,6 +163,9 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
     fields = figure_fields(jobs)
     if groups:
         lines += ["", *repeats_markdown(groups, swept, objective, fields)]
+    if sections:
+        lines += ["", *sections]
+    if groups or sections:
         lines += ["", "## Jobs"]
     efficiency = scaling_efficiency(jobs, swept)
     target = has_target(jobs)

@@ -139,6 +139,21 @@ def test_a_sweep_without_repeats_has_no_groups(tmp_path):
     assert "| batch/replica |" in md  # it differs between the jobs
 
 
+def test_a_pruned_job_is_listed_but_neither_ranked_nor_a_failure(tmp_path):
+    _fake_job(tmp_path, 0, ["optimizer.learning_rate=1e-3"],
+              {"status": "completed", "val_accuracy": 0.5})
+    _fake_job(tmp_path, 1, ["optimizer.learning_rate=3e-3"],
+              {"status": "pruned", "val_accuracy": 0.9, "epochs_completed": 1})
+    _fake_job(tmp_path, 2, ["optimizer.learning_rate=1e-2"],
+              {"status": "failed", "error": "non-finite loss"})
+    failed = SweepSummary(plot=False, tensorboard=False).summarise(tmp_path)
+    assert [j.num for j in failed] == [2]
+    md = (tmp_path / "summary.md").read_text()
+    assert "3 jobs: 1 completed, 1 failed, 1 pruned." in md, md
+    assert "`optimizer.learning_rate=1e-3` (job 0: val_accuracy 0.5)" in md, md
+    assert "| 1 | optimizer.learning_rate=3e-3 | pruned |" in md, md
+
+
 def _optuna_at_least_3_6():
     optuna = pytest.importorskip("optuna")
     from distlab.reporting.search import MIN_OPTUNA, _version

@@ -127,10 +127,11 @@ class SweepSummary(Callback):
 
     def summarise(self, sweep_dir: Path, objective: str = "",
                   maximize: bool | None = None, study_name: str | None = None) -> list[Job]:
-        """Write the summary files; return the failed jobs. `objective`: the results.json
-        field to rank by (empty: the one the jobs report as theirs); `maximize`: which way
-        (None: `_maximize`'s, for that objective); `study_name`: the Optuna study to analyse
-        when the sweep dir keeps one (default: its only, or last, study)."""
+        """Write the summary files; return the failed jobs (a pruned one is not).
+        `objective`: the results.json field to rank by (empty: the one the jobs report as
+        theirs); `maximize`: which way (None: `_maximize`'s, for that objective);
+        `study_name`: the Optuna study to analyse when the sweep dir keeps one (default: its
+        only, or last, study)."""
         jobs = find_jobs(sweep_dir)
         if not jobs:
             log.warning("sweep summary: no job directories under %s", sweep_dir)
@@ -166,7 +167,7 @@ class SweepSummary(Callback):
                 log.warning("sweep summary: could not write %s: %s: %s", name,
                             type(e).__name__, e)
         log.info("sweep summary (%s): %s in %s", tally(jobs), ", ".join(written), sweep_dir)
-        return [j for j in jobs if j.failed]
+        return [j for j in jobs if j.failed and not j.pruned]
 
 
     def analyse_search(self, sweep_dir: Path, study_name: str | None = None) -> Analysis:

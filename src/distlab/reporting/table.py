@@ -162,7 +162,8 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
                  "trainer.throughput), ± its standard deviation across epochs or step windows.")
     fields = figure_fields(jobs)
     if groups:
-        lines += ["", *repeats_markdown(groups, swept, objective, fields)]
+        lines += ["", *repeats_markdown(groups, swept, objective,
+                                        repeat_fields(jobs, objective))]
     if sections:
         lines += ["", *sections]
     if groups or sections:
@@ -192,8 +193,9 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
 
 def repeat_fields(jobs: Sequence[Job], objective: str) -> list[str]:
     """The figures a group of repeats reports: the objective, the validation and test fields,
-    steady examples/sec."""
-    return list(dict.fromkeys([objective, *figure_fields(jobs), "train_examples_per_sec"]))
+    steady examples/sec and (when jobs have a target) time to target."""
+    return list(dict.fromkeys([objective, *figure_fields(jobs), "train_examples_per_sec",
+                               *(["time_to_target_s"] if has_target(jobs) else [])]))
 
 
 def repeats_markdown(groups: Sequence[Group], swept: Sequence[str], objective: str,
@@ -201,10 +203,9 @@ def repeats_markdown(groups: Sequence[Group], swept: Sequence[str], objective: s
     """The repeats' section: one row per group (ranked), each figure as mean ± std
     [95% confidence interval]."""
     keys = [k for k in swept if k != SEED]
-    shown = list(dict.fromkeys([objective, *fields, "train_examples_per_sec"]))
+    names = {"train_examples_per_sec": "examples/sec", "time_to_target_s": "time to target (s)"}
     headers = ["rank", "configuration", "n", "seeds",
-               *(f.replace("_", " ") if f != "train_examples_per_sec" else "examples/sec"
-                 for f in shown)]
+               *(names.get(f, f.replace("_", " ")) for f in fields)]
     lines = ["## Repeats",
              "",
              f"Jobs that differ only in `{SEED}`, ranked by the mean of `{objective}`: each "
@@ -213,7 +214,7 @@ def repeats_markdown(groups: Sequence[Group], swept: Sequence[str], objective: s
              "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for place, group in enumerate(groups, 1):
         cells = [place, group.label(keys) or "(no other override)", group.n,
-                 " ".join(group.seeds), *(_stat(group.stats.get(f)) for f in shown)]
+                 " ".join(group.seeds), *(_stat(group.stats.get(f)) for f in fields)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
 

@@ -70,10 +70,12 @@ def _storage(optuna: Any, path: Path) -> Any:
     return optuna.storages.JournalStorage(backend)
 
 
-def analyse(study: Any, sweep_dir: Path, plots: bool = True) -> Analysis:
+def analyse(study: Any, sweep_dir: Path, plots: bool = True,
+            target_name: str = "Objective Value") -> Analysis:
     """Write the importances (table and plot) and the history plot of `study` into
-    `sweep_dir`; return them with summary.md's lines. A study with too few finished trials,
-    or with several objectives, gets a note instead of the importances."""
+    `sweep_dir` (`target_name`: what the plots call the trials' value); return them with
+    summary.md's lines. A study with too few finished trials, or with several objectives,
+    gets a note instead of the importances."""
     import optuna
 
     done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -100,8 +102,8 @@ def analyse(study: Any, sweep_dir: Path, plots: bool = True) -> Analysis:
                       "trials; they sum to 1):", "", "| parameter | importance |", "|---|---|"]
         out.lines += [f"| {k} | {v:.3f} |" for k, v in importances.items()]
     if plots:
-        out.written += _plots(optuna, study, sweep_dir, draw_importance=not isinstance(
-            importances, str))
+        out.written += _plots(optuna, study, sweep_dir, target_name,
+                              draw_importance=not isinstance(importances, str))
     if out.written:
         out.lines += ["", "Files: " + ", ".join(f"`{n}`" for n in out.written) + "."]
     return out
@@ -125,15 +127,18 @@ def _importances(optuna: Any, study: Any, done: list[Any]) -> dict[str, float] |
     return {k: float(v) for k, v in found.items()}
 
 
-def _plots(optuna: Any, study: Any, sweep_dir: Path, draw_importance: bool) -> list[str]:
+def _plots(optuna: Any, study: Any, sweep_dir: Path, target_name: str,
+           draw_importance: bool) -> list[str]:
     """Optuna's matplotlib plots, saved and closed, the global style left as it was."""
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as charts
 
-    drawn = [(HISTORY_PNG, charts.plot_optimization_history)]
+    drawn = [(HISTORY_PNG, lambda s: charts.plot_optimization_history(
+        s, target_name=target_name))]
     if draw_importance:
         drawn.append((IMPORTANCE_PNG, lambda s: charts.plot_param_importances(
-            s, evaluator=optuna.importance.PedAnovaImportanceEvaluator())))
+            s, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+            target_name=target_name)))
     written = []
     for name, draw in drawn:
         with plt.rc_context(), warnings.catch_warnings():  # (optuna sets the ggplot style)

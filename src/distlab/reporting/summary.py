@@ -149,7 +149,7 @@ class SweepSummary(Callback):
         if groups:
             write_group_csv(sweep_dir / GROUPS_CSV, groups, swept, repeat_fields(jobs, objective))
             written.append(GROUPS_CSV)
-        analysis = self.analyse_search(sweep_dir, study_name)
+        analysis = self.analyse_search(sweep_dir, study_name, objective)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
                                                        maximize, groups, analysis.lines))
         written += ["summary.md", *analysis.written]
@@ -170,7 +170,8 @@ class SweepSummary(Callback):
         return [j for j in jobs if j.failed and not j.pruned]
 
 
-    def analyse_search(self, sweep_dir: Path, study_name: str | None = None) -> Analysis:
+    def analyse_search(self, sweep_dir: Path, study_name: str | None = None,
+                       objective: str = "Objective Value") -> Analysis:
         """An Optuna search's importances and history (`search`), when the sweep dir keeps
         its study; a failure or a missing requirement is one logged line."""
         try:
@@ -179,7 +180,7 @@ class SweepSummary(Callback):
                 if why:
                     log.info("sweep summary: %s", why)
                 return Analysis(note=why)
-            return analyse(study, sweep_dir, plots=self.plot)
+            return analyse(study, sweep_dir, plots=self.plot, target_name=objective)
         except Exception as e:  # noqa: BLE001 - a summary without the analysis beats none
             log.warning("sweep summary: no search analysis: %s: %s", type(e).__name__, e)
             return Analysis(note=str(e))

@@ -22,6 +22,7 @@ STUDY_FILES = ("optuna.journal", "optuna.db")  # where the sweeper keeps its stu
 IMPORTANCE_CSV = "optuna_importance.csv"
 IMPORTANCE_PNG = "optuna_importance.png"
 HISTORY_PNG = "optuna_history.png"
+SEARCH_FILES = (IMPORTANCE_CSV, IMPORTANCE_PNG, HISTORY_PNG)
 MIN_OPTUNA = (3, 6)  # PedAnovaImportanceEvaluator
 
 

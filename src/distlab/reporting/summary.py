@@ -53,7 +53,7 @@ from distlab.reporting.jobs import (
 )
 from distlab.reporting.plot import MAX_PLOTTED_KEYS, Panel, panels, plot
 from distlab.reporting.repeats import Group, group_repeats, has_repeats, rank
-from distlab.reporting.search import Analysis, analyse, load_study
+from distlab.reporting.search import SEARCH_FILES, Analysis, analyse, load_study
 from distlab.reporting.table import (
     CLASSIFICATION,
     GROUPS_CSV,
@@ -109,7 +109,8 @@ class SweepSummary(Callback):
                                 maximize=_set_direction(config),
                                 study_name=OmegaConf.select(config, "hydra.sweeper.study_name",
                                                             default=None))
-        summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
+        summaries = [sweep_dir / name for name in ("summary.csv", GROUPS_CSV, "summary.md",
+                                                   "summary.png", *SEARCH_FILES)]
         ending = sweep_signals.end()  # stopped by a signal, or a job's process died
         tracking.finish_sweep(config, sweep_dir, len(failed),
                               [path for path in summaries if path.exists()],

@@ -11,6 +11,8 @@ Set in the environment:
   stage short ends the wait as it ends the stage; at a step, the job's stop request (a
   signal it was sent) ends it too.
 - DISTLAB_TEST_STEP_SLEEP (optional): seconds every step's end sleeps: a slow machine.
+- DISTLAB_TEST_GATE_NTH (optional): the gate holds only the Nth time this process reaches it
+  (2: job 1 of an in-process sweep, job 0 passing through); unset, every time.
 
 A sweep's job processes (hydra/launcher=joblib, submitit_local) are gated too when the
 sweep is given `imports=[gate]` and PYTHONPATH holds this directory: each job process
@@ -48,19 +50,25 @@ def install() -> None:
 
     gate, folder = os.environ.get("DISTLAB_TEST_GATE"), os.environ.get("DISTLAB_TEST_GATE_DIR")
     pause = float(os.environ.get("DISTLAB_TEST_STEP_SLEEP", "0"))
+    nth = int(os.environ.get("DISTLAB_TEST_GATE_NTH", "0"))  # 0: every time
+    reached = [0]  # times this process reached the gate
+
+    def held() -> bool:
+        reached[0] += 1
+        return nth in (0, reached[0])
     kind, _, where = (gate or "").partition(":")
     step_end, begin = Controller.step_end, StopRequest.begin
 
     def gated_step_end(self, epoch: int, steps_done: int, loss: float) -> None:
         if pause:
             time.sleep(pause)
-        if kind == "step" and f"{epoch}:{steps_done}" == where:
+        if kind == "step" and f"{epoch}:{steps_done}" == where and held():
             wait_at_gate(Path(folder), lambda: bool(self.stop))
         step_end(self, epoch, steps_done, loss)
 
     def gated_begin(self, stage: str, polled: bool = False) -> None:
         begin(self, stage, polled)
-        if kind == "stage" and stage == where:
+        if kind == "stage" and stage == where and held():
             wait_at_gate(Path(folder))
 
     Controller.step_end = gated_step_end

@@ -338,4 +338,5 @@ def test_sweep_summary_of_old_regression_jobs_without_an_objective_ranks_mae_dow
     summary.SweepSummary(plot=False, tensorboard=False).on_multirun_end(config)
     md = (tmp_path / "summary.md").read_text()
     assert "Objective: `val_mae` (minimized)" in md, md
-    assert "Best val_mae (min): 1 in job 0" in md, md
+    assert ("Best configuration (chosen on `val_mae`, minimized): "
+            "`optimizer.learning_rate=1e-3` (job 0: val_mae 1)") in md, md

@@ -113,7 +113,8 @@ def test_regression_summary_uses_the_task_fields_and_ranks_errors_downwards(tmp_
     assert [(r["objective"], float(r["objective_value"])) for r in rows] == [
         ("test_mae", 0.7), ("test_mae", 0.5), ("test_mae", 0.9)]
     md = (tmp_path / "summary.md").read_text()
-    assert "Best test_mae (min): 0.5 in job 1" in md and "test mae" in md
+    assert ("Best configuration (chosen on `test_mae`, minimized): "
+            "`optimizer.learning_rate=2e-3` (job 1: test_mae 0.5)") in md and "test mae" in md
     assert "Objective: `test_mae` (minimized)" in md and "| objective value |" in md
     _assert_png(tmp_path / "summary.png")
 
@@ -142,7 +143,7 @@ def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
     assert [r["dataset.batch_size_per_replica"] for r in rows] == ["32", "64", "128"]
     md = (tmp_path / "summary.md").read_text()
     assert "| 1 | dataset.batch_size_per_replica=64 | failed |" in md
-    assert "`loop=custom`" in md and "Best test_accuracy" in md
+    assert "`loop=custom`" in md and "Best configuration (chosen on `test_accuracy`" in md
     _assert_png(tmp_path / "summary.png")
     assert _session_hparams(_hparams_events(tmp_path / "0" / "logs"))["status"] == "completed"
     _hparams_events(tmp_path)  # the experiment config
@@ -379,3 +380,41 @@ def test_interrupted_jobs_are_counted_apart_from_failed_ones_and_long_errors_cut
     cut = _first_line("refused: " + "word " * 60 + "choose\nsecond line", limit=60)
     assert cut.endswith("word \u2026") and len(cut) <= 62 and "\n" not in cut
     assert _first_line("short error\nmore") == "short error"
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_sweep_killed_in_its_second_job_resumes_without_retraining_the_first(tiny_data_dir,
+                                                                               tmp_path):
+    """kill -9 of an in-process sweep while its job 1 is in epoch 1 (held at a gate, its
+    epoch-0 checkpoint written): the same command reports job 0 as already completed without
+    training it (its results.json untouched), resumes job 1 from its checkpoint and writes a
+    complete summary."""
+    from conftest import Gated
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", *fast_overrides(tiny_data_dir), "trainer.steps_per_epoch=2", "model=mlp",
+            "model.hidden_units=[8]", "strategy=default", "seed=1,2",
+            f"hydra.sweep.dir={sweep}"]
+    with Gated(args, tmp_path / "unused", "step:1:1", tmp_path / "gate",
+               env={"DISTLAB_TEST_GATE_NTH": "2"}) as gated:
+        gated.wait()  # job 1, epoch 1, step 1: job 0 done, job 1's first checkpoint written
+        gated.proc.kill()
+        gated.finish()
+    first = sweep / "0" / "results.json"
+    done_before, stamp = first.read_text(), first.stat().st_mtime_ns
+    assert json.loads(done_before)["status"] == "completed"
+    assert (sweep / "1" / "checkpoints" / "checkpoint").exists()
+    assert not (sweep / "summary.csv").exists()
+
+    out = run_cli(*args, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert (first.read_text(), first.stat().st_mtime_ns) == (done_before, stamp)
+    assert "already completed 2 epoch(s); not retraining" in text, text[-3000:]
+    resumed = _results(sweep / "1")
+    assert (resumed["status"], resumed["epochs_completed"]) == ("completed", 2), resumed
+    assert "resuming from" in (sweep / "1" / "run.log").read_text()
+    rows = _summary(sweep)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "completed")]
+    assert float(rows[0]["test_loss"]) == json.loads(done_before)["test_loss"]

@@ -1,8 +1,10 @@
 """TensorBoard HParams for a sweep: the experiment at the sweep dir and one session per job,
-written with tensorboard's own protos and event writer (no TensorFlow)."""
+written with tensorboard's own protos and record writer (no TensorFlow)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ def write_hparams(sweep_dir: Path, jobs: Sequence[Job], swept: Sequence[str]) ->
     <job>/logs/ (beside the loops' train/ and validation/ runs), with the job's hparams
     (swept overrides, effective batch sizes and learning rate, status) and final metrics.
 
-    Written with tensorboard's own protos and event writer: no TensorFlow import.
+    Written with tensorboard's own protos and record writer: no TensorFlow import.
     """
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.plugins.hparams import summary_v2 as hp
@@ -64,12 +66,21 @@ def _domain(hp: Any, values: Sequence[Any]) -> Any:
 
 
 def _write_events(logdir: Path, summaries: Sequence[Any], event_pb2: Any) -> None:
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    """One event file of `summaries` in `logdir` (an earlier one of ours replaced), written
+    with tensorboard's record writer on a plain file: its EventFileWriter would import
+    TensorFlow (tf.io.gfile), tens of seconds in a sweep whose jobs were already complete."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
 
     logdir.mkdir(parents=True, exist_ok=True)
     for old in logdir.glob(f"events.out.tfevents.*{HPARAMS_SUFFIX}"):
         old.unlink()
-    writer = EventFileWriter(str(logdir), filename_suffix=HPARAMS_SUFFIX)
-    for summary in summaries:
-        writer.add_event(event_pb2.Event(wall_time=time.time(), step=0, summary=summary))
-    writer.close()
+    now = time.time()
+    name = (f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}.{os.getpid()}.0"
+            f"{HPARAMS_SUFFIX}")
+    with open(logdir / name, "wb") as f:
+        writer = RecordWriter(f)
+        writer.write(event_pb2.Event(wall_time=now,
+                                     file_version="brain.Event:2").SerializeToString())
+        for summary in summaries:
+            writer.write(event_pb2.Event(wall_time=time.time(), step=0,
+                                         summary=summary).SerializeToString())

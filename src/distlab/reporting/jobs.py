@@ -31,8 +31,14 @@ class Job:
 
     @property
     def failed(self) -> bool:
-        """Not completed: failed, refused, interrupted or missing (no figures to rank)."""
+        """Not completed: failed, refused, interrupted, pruned or missing (no figures to
+        rank)."""
         return self.status != "completed"
+
+    @property
+    def pruned(self) -> bool:
+        """Stopped early by a search's pruner: not ranked, but no failure of the sweep."""
+        return self.status == "pruned"
 
     @property
     def error(self) -> str:
@@ -45,13 +51,15 @@ class Job:
 
 
 def tally(jobs: list[Job]) -> str:
-    """`N jobs: C completed, F failed` (and `, I interrupted` when a signal stopped some): an
-    interrupted job is not counted as failed."""
+    """`N jobs: C completed, F failed` (and `, I interrupted` when a signal stopped some,
+    `, P pruned` when a search's pruner did): neither is counted as failed."""
     interrupted = sum(j.status == "interrupted" for j in jobs)
+    pruned = sum(j.pruned for j in jobs)
     completed = sum(not j.failed for j in jobs)
     text = (f"{len(jobs)} jobs: {completed} completed, "
-            f"{len(jobs) - completed - interrupted} failed")
-    return text + (f", {interrupted} interrupted" if interrupted else "")
+            f"{len(jobs) - completed - interrupted - pruned} failed")
+    return (text + (f", {interrupted} interrupted" if interrupted else "")
+            + (f", {pruned} pruned" if pruned else ""))
 
 
 def find_jobs(sweep_dir: str | Path) -> list[Job]:

@@ -8,7 +8,13 @@ When a sweep ends, `SweepSummary` reads every job's `.hydra/overrides.yaml` and
                   examples/sec with its spread and per replica,
                   scaling efficiency, time to target, wall time, error), plus one column
                   per swept key
-    summary.md    the same as a Markdown table
+    summary_groups.csv  when jobs differ only in `seed` (repeats): one row per group, ranked
+                  by the objective's mean: n, seeds and each figure's mean, standard
+                  deviation and 95% confidence interval (`repeats`)
+    summary.md    the same as Markdown tables, headed by the best configuration
+    optuna_importance.csv, optuna_importance.png, optuna_history.png   for an Optuna search
+                  whose study the sweep dir keeps (`search`): parameter importances and the
+                  optimisation history; summary.md gets their table
     summary.png   the objective, examples/sec (error bars) and time to target against the
                   swept value(s)
     events.out.tfevents.*.hparams (and one in each <job>/logs/)   TensorBoard HParams,
@@ -46,8 +52,11 @@ from distlab.reporting.jobs import (
     tally,
 )
 from distlab.reporting.plot import MAX_PLOTTED_KEYS, Panel, panels, plot
+from distlab.reporting.repeats import Group, group_repeats, has_repeats, rank
+from distlab.reporting.search import SEARCH_FILES, Analysis, analyse, load_study
 from distlab.reporting.table import (
     CLASSIFICATION,
+    GROUPS_CSV,
     LEADING,
     OBJECTIVE,
     TARGET,
@@ -59,9 +68,11 @@ from distlab.reporting.table import (
     has_target,
     markdown,
     metrics,
+    repeat_fields,
     rows,
     scaling_efficiency,
     write_csv,
+    write_group_csv,
 )
 from distlab.tracking import session as tracking
 
@@ -95,8 +106,11 @@ class SweepSummary(Callback):
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
-                                maximize=_set_direction(config))
-        summaries = [sweep_dir / name for name in ("summary.csv", "summary.md", "summary.png")]
+                                maximize=_set_direction(config),
+                                study_name=OmegaConf.select(config, "hydra.sweeper.study_name",
+                                                            default=None))
+        summaries = [sweep_dir / name for name in ("summary.csv", GROUPS_CSV, "summary.md",
+                                                   "summary.png", *SEARCH_FILES)]
         ending = sweep_signals.end()  # stopped by a signal, or a job's process died
         tracking.finish_sweep(config, sweep_dir, len(failed),
                               [path for path in summaries if path.exists()],
@@ -113,10 +127,12 @@ class SweepSummary(Callback):
             raise SystemExit(1)
 
     def summarise(self, sweep_dir: Path, objective: str = "",
-                  maximize: bool | None = None) -> list[Job]:
-        """Write the summary files; return the failed jobs. `objective`: the results.json
-        field to rank by (empty: the one the jobs report as theirs); `maximize`: which way
-        (None: `_maximize`'s, for that objective)."""
+                  maximize: bool | None = None, study_name: str | None = None) -> list[Job]:
+        """Write the summary files; return the failed jobs (a pruned one is not).
+        `objective`: the results.json field to rank by (empty: the one the jobs report as
+        theirs); `maximize`: which way (None: `_maximize`'s, for that objective);
+        `study_name`: the Optuna study to analyse when the sweep dir keeps one (default: its
+        only, or last, study)."""
         jobs = find_jobs(sweep_dir)
         if not jobs:
             log.warning("sweep summary: no job directories under %s", sweep_dir)
@@ -127,15 +143,21 @@ class SweepSummary(Callback):
                                        if j.results.get("objective")), figure_fields(jobs)[0])
         if maximize is None:
             maximize = _maximize(jobs, objective)
-        write_csv(sweep_dir / "summary.csv", rows(jobs, swept, objective),
-                  columns(jobs) + swept)
+        table = rows(jobs, swept, objective)
+        write_csv(sweep_dir / "summary.csv", table, columns(jobs) + swept)
+        written = ["summary.csv"]
+        groups = repeats(jobs, table, objective, maximize)
+        if groups:
+            write_group_csv(sweep_dir / GROUPS_CSV, groups, swept, repeat_fields(jobs, objective))
+            written.append(GROUPS_CSV)
+        analysis = self.analyse_search(sweep_dir, study_name, objective)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
-                                                       maximize))
-        written = ["summary.csv", "summary.md"]
+                                                       maximize, groups, analysis.lines))
+        written += ["summary.md", *analysis.written]
         extras = []
         if self.plot:
             extras.append(("summary.png", lambda: plot(sweep_dir / "summary.png", jobs, swept,
-                                                       objective)))
+                                                       objective, groups)))
         if self.tensorboard:
             extras.append(("TensorBoard HParams", lambda: write_hparams(sweep_dir, jobs, swept)))
         for name, write in extras:
@@ -146,7 +168,32 @@ class SweepSummary(Callback):
                 log.warning("sweep summary: could not write %s: %s: %s", name,
                             type(e).__name__, e)
         log.info("sweep summary (%s): %s in %s", tally(jobs), ", ".join(written), sweep_dir)
-        return [j for j in jobs if j.failed]
+        return [j for j in jobs if j.failed and not j.pruned]
+
+
+    def analyse_search(self, sweep_dir: Path, study_name: str | None = None,
+                       objective: str = "Objective Value") -> Analysis:
+        """An Optuna search's importances and history (`search`), when the sweep dir keeps
+        its study; a failure or a missing requirement is one logged line."""
+        try:
+            study, why = load_study(sweep_dir, study_name)
+            if study is None:
+                if why:
+                    log.info("sweep summary: %s", why)
+                return Analysis(note=why)
+            return analyse(study, sweep_dir, plots=self.plot, target_name=objective)
+        except Exception as e:  # noqa: BLE001 - a summary without the analysis beats none
+            log.warning("sweep summary: no search analysis: %s: %s", type(e).__name__, e)
+            return Analysis(note=str(e))
+
+
+def repeats(jobs: Sequence[Job], table: Sequence[dict[str, Any]], objective: str,
+            maximize: bool) -> list[Group]:
+    """The groups of jobs that differ only in seed, ranked by the objective's mean; empty
+    when no configuration was repeated with another seed."""
+    listed = [{**row, "overrides": job.overrides} for row, job in zip(table, jobs, strict=True)]
+    groups = group_repeats(listed, repeat_fields(jobs, objective))
+    return rank(groups, objective, maximize) if has_repeats(groups) else []
 
 
 def _set_direction(config: DictConfig) -> bool | None:

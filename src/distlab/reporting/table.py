@@ -11,6 +11,7 @@ from typing import Any
 
 from distlab.records.results import finite as _finite
 from distlab.reporting.jobs import Job, common_overrides, override_values, tally
+from distlab.reporting.repeats import SEED, Group, Interval
 
 LEADING = ["job", "overrides", "status", "batch_size_per_replica", "global_batch_size",
            "effective_batch_size", "num_replicas", "learning_rate"]
@@ -101,33 +102,75 @@ def write_csv(path: Path, table: Sequence[dict[str, Any]], columns: Sequence[str
             writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
 
 
+GROUPS_CSV = "summary_groups.csv"
+STATS = ("mean", "std", "ci_low", "ci_high")
+
+
+def write_group_csv(path: Path, groups: Sequence[Group], swept: Sequence[str],
+                    fields: Sequence[str]) -> None:
+    """summary_groups.csv: one row per group of repeats (ranked): rank, n, seeds, each swept
+    key but seed, then <field>_mean, _std, _ci_low, _ci_high for each of `fields`."""
+    keys = [k for k in swept if k != SEED]
+    table = []
+    for place, group in enumerate(groups, 1):
+        row: dict[str, Any] = {"rank": place, "n": group.n, "seeds": " ".join(group.seeds),
+                               "configuration": group.label(keys)}
+        row.update({k: group.config.get(k) for k in keys})
+        for name in fields:
+            stat = group.stats.get(name)
+            if stat is not None:
+                row.update(zip((f"{name}_{s}" for s in STATS),
+                               (stat.mean, stat.std, stat.low, stat.high), strict=True))
+        table.append(row)
+    write_csv(path, table, ["rank", "configuration", "n", "seeds", *keys,
+                            *(f"{name}_{s}" for name in fields for s in STATS)])
+
+
 def best_job(jobs: Sequence[Job], objective: str, maximize: bool) -> Job | None:
     scored = [j for j in jobs if not j.failed and _finite(j.results.get(objective))]
     pick = max if maximize else min
     return pick(scored, key=lambda j: float(j.results[objective])) if scored else None
 
 
+# the per-job settings the table shows only when they differ between jobs
+SETTINGS = [("batch_size_per_replica", "batch/replica"), ("global_batch_size", "global batch"),
+            ("effective_batch_size", "effective batch"), ("num_replicas", "replicas"),
+            ("learning_rate", "learning rate (effective)")]
+
+
 def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objective: str,
-             maximize: bool) -> str:
-    """summary.md: a headline, the shared overrides and one table row per job."""
-    lines = [f"# Sweep {sweep_dir}", "", f"{tally(list(jobs))}."]
-    best = best_job(jobs, objective, maximize)
-    lines.append(f"Objective: `{objective}` ({'max' if maximize else 'min'}imized), each "
-                 "job's value in the column objective value.")
-    if best is not None:
-        lines.append(f"Best {objective} ({'max' if maximize else 'min'}): "
-                     f"{_cell(best.results[objective])} in job {best.num} "
-                     f"({' '.join(_swept_overrides(best, swept)) or 'no swept override'}).")
+             maximize: bool, groups: Sequence[Group] = (), sections: Sequence[str] = ()) -> str:
+    """summary.md: a headline naming the best configuration (on the objective: a validation
+    figure), the shared overrides and settings, the repeats' table when jobs differ only in
+    seed (`groups`, ranked), more `sections` (lines: a search's analysis), then one row per
+    job showing only what differs between jobs."""
+    way = "maximized" if maximize else "minimized"
+    lines = [f"# Sweep {sweep_dir}", "", f"{tally(list(jobs))}.",
+             f"Objective: `{objective}` ({way}), each job's value in the column objective "
+             "value."]
+    best = _best_line(jobs, swept, objective, maximize, groups)
+    if best:
+        lines.append(best)
     common = common_overrides(jobs, swept)
     if common:
         lines.append("Common overrides: " + " ".join(f"`{o}`" for o in common))
+    shown, same = _settings(jobs)
+    if same:
+        lines.append("Same in every job: " + ", ".join(f"{label} {_cell(value)}"
+                                                       for label, value in same) + ".")
     lines.append("examples/sec is the steady state (each process's warm-up left out; "
                  "trainer.throughput), ± its standard deviation across epochs or step windows.")
     fields = figure_fields(jobs)
+    if groups:
+        lines += ["", *repeats_markdown(groups, swept, objective,
+                                        repeat_fields(jobs, objective))]
+    if sections:
+        lines += ["", *sections]
+    if groups or sections:
+        lines += ["", "## Jobs"]
     efficiency = scaling_efficiency(jobs, swept)
     target = has_target(jobs)
-    headers = ["job", "overrides", "status", "batch/replica", "global batch",
-               "effective batch", "replicas", "learning rate (effective)", "objective value",
+    headers = ["job", "overrides", "status", *(label for _, label in shown), "objective value",
                *(f.replace("_", " ") for f in fields), "examples/sec", "per replica",
                *(["scaling efficiency"] if efficiency else []),
                *(["time to target (s)", "epochs to target"] if target else []),
@@ -137,8 +180,7 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
         r = job.results
         rate, std = r.get("train_examples_per_sec"), r.get("train_examples_per_sec_std")
         cells = [job.num, " ".join(_swept_overrides(job, swept)), job.status,
-                 r.get("batch_size_per_replica"), r.get("global_batch_size"),
-                 r.get("effective_batch_size"), r.get("num_replicas"), r.get("learning_rate"),
+                 *(r.get(key) for key, _ in shown),
                  r.get(objective), *(r.get(f) for f in fields),
                  f"{_cell(rate)} ± {_cell(std)}" if _finite(std) else rate,
                  r.get("train_examples_per_sec_per_replica"),
@@ -147,6 +189,75 @@ def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objecti
                  r.get("wall_time_s"), job.error]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def repeat_fields(jobs: Sequence[Job], objective: str) -> list[str]:
+    """The figures a group of repeats reports: the objective, the validation and test fields,
+    steady examples/sec and (when jobs have a target) time to target."""
+    return list(dict.fromkeys([objective, *figure_fields(jobs), "train_examples_per_sec",
+                               *(["time_to_target_s"] if has_target(jobs) else [])]))
+
+
+def repeats_markdown(groups: Sequence[Group], swept: Sequence[str], objective: str,
+                     fields: Sequence[str]) -> list[str]:
+    """The repeats' section: one row per group (ranked), each figure as mean ± std
+    [95% confidence interval]."""
+    keys = [k for k in swept if k != SEED]
+    names = {"train_examples_per_sec": "examples/sec", "time_to_target_s": "time to target (s)"}
+    headers = ["rank", "configuration", "n", "seeds",
+               *(names.get(f, f.replace("_", " ")) for f in fields)]
+    lines = ["## Repeats",
+             "",
+             f"Jobs that differ only in `{SEED}`, ranked by the mean of `{objective}`: each "
+             "figure as mean ± standard deviation [95% confidence interval of the mean, "
+             "Student's t with n-1 degrees of freedom] over the n completed jobs.",
+             "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for place, group in enumerate(groups, 1):
+        cells = [place, group.label(keys) or "(no other override)", group.n,
+                 " ".join(group.seeds), *(_stat(group.stats.get(f)) for f in fields)]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines
+
+
+def _best_line(jobs: Sequence[Job], swept: Sequence[str], objective: str, maximize: bool,
+               groups: Sequence[Group]) -> str:
+    way = "maximized" if maximize else "minimized"
+    if groups:
+        top = groups[0]
+        stat = top.stats.get(objective)
+        if stat is None:
+            return ""
+        keys = [k for k in swept if k != SEED]
+        return (f"Best configuration (chosen on the mean `{objective}` over its seeds, {way}): "
+                f"`{top.label(keys) or 'no other override'}` ({objective} {_stat(stat)}, "
+                f"n={stat.n}).")
+    best = best_job(jobs, objective, maximize)
+    if best is None:
+        return ""
+    return (f"Best configuration (chosen on `{objective}`, {way}): "
+            f"`{' '.join(_swept_overrides(best, swept)) or 'no swept override'}` "
+            f"(job {best.num}: {objective} {_cell(best.results[objective])}).")
+
+
+def _settings(jobs: Sequence[Job]) -> tuple[list[tuple[str, str]], list[tuple[str, Any]]]:
+    """(the settings that differ between jobs, (label, value) of those every job shares)."""
+    shown, same = [], []
+    for key, label in SETTINGS:
+        values = {_cell(j.results.get(key)) for j in jobs if j.results.get(key) is not None}
+        if len(values) == 1 and len(jobs) > 1:
+            same.append((label, next(j.results[key] for j in jobs
+                                     if j.results.get(key) is not None)))
+        elif values:
+            shown.append((key, label))
+    return shown, same
+
+
+def _stat(stat: Interval | None) -> str:
+    if stat is None:
+        return ""
+    if stat.std is None:
+        return _cell(stat.mean)
+    return f"{_cell(stat.mean)} ± {_cell(stat.std)} [{_cell(stat.low)}, {_cell(stat.high)}]"
 
 
 def _swept_overrides(job: Job, swept: Sequence[str]) -> list[str]:

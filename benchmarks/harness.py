@@ -175,10 +175,10 @@ def alternate(variants: list[Variant], rounds: int, out: Path, repo: Path,
 def _describe(rec: Record) -> str:
     if not rec.ok:
         return f"FAILED (exit {rec.returncode}; see {rec.run_dir}.log)"
-    acc = rec.get("test_accuracy")
-    eps = rec.get("train_examples_per_sec")
+    fmt = lambda key, spec: "-" if rec.get(key) is None else format(rec.get(key), spec)  # noqa: E731
     return (f"wall {rec.wall_s:.1f} s, peak RSS {rec.peak_rss_mib:.0f} MiB, "
-            f"test_accuracy {acc:.4f}, train {eps:.0f} ex/s, "
+            f"test_accuracy {fmt('test_accuracy', '.4f')}, "
+            f"train {fmt('train_examples_per_sec', '.0f')} ex/s, "
             f"end-to-end {rec.get('e2e_examples_per_sec'):.0f} ex/s"
             + (f", end gap {rec.get('end_gap_s'):.1f} s" if rec.get("end_gap_s") is not None
                else ""))

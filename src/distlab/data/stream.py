@@ -2,8 +2,12 @@
 its train stream is built per epoch: epoch e is shuffled, and augmented, with seeds derived
 from (seed, e) and the example's place in the epoch only, so the data of an epoch never
 depends on how many epochs this process has already run (resume gives the same batches as
-an uninterrupted run). `distribute` gives each replica its even share of a global batch,
-with the row weights that let a short last batch be split over any replica count."""
+an uninterrupted run). A train split held in memory (`dataset.cache`) is streamed as
+indices: the shuffle and batching run on row numbers, each batch is gathered from the
+in-memory tensors, and the batches are the same as shuffling and batching the rows
+themselves (a shuffle's order does not depend on what it shuffles). `distribute` gives
+each replica its even share of a global batch, with the row weights that let a short last
+batch be split over any replica count."""
 
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ class Data:
     input_spec: Any = None  # the model's inputs per example: a tf.TensorSpec, tuple or dict
     standardize: tuple[str, ...] = ()  # inputs dataset.preprocess.standardize normalises
     splits: Any = None  # the RawSplits as the source gave them (their rows' fingerprints)
+    train_rows: Any = None  # `train` as tensors of all its rows (in memory), or None
 
     def train_inputs(self, batch_size: int = ADAPT_BATCH) -> tf.data.Dataset:
         """The training split's model inputs (no labels), preprocessed, unshuffled, in
@@ -73,9 +78,14 @@ class Data:
         base, buffer, seed = self.train, self.shuffle_buffer, self.seed
         gb, steps, full_pass = self.global_batch_size, self.steps_per_epoch, self.full_pass
         augment = self.augment
+        rows = self.train_rows if augment is None else None  # augmenting: row by row
+        num_rows = int(tf.nest.flatten(rows)[0].shape[0]) if rows is not None else 0
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-            ds = base
+            if rows is not None:  # the row numbers take the examples' place, then gather
+                ds = tf.data.Dataset.range(num_rows)
+            else:
+                ds = base
             if buffer > 0:
                 ds = shuffled(ds, buffer, seed, epoch)
             if augment is not None:  # seeded by (seed, epoch, place in the epoch)
@@ -86,7 +96,11 @@ class Data:
             if not full_pass:  # passes back to back, batched across their boundary: every
                 ds = ds.repeat()  # batch is full (steps_per_epoch beyond one pass included)
             ds = batched(ds, gb)
-            return ds if full_pass else ds.take(steps)
+            ds = ds if full_pass else ds.take(steps)
+            if rows is not None:
+                ds = ds.map(lambda index: tf.nest.map_structure(
+                    lambda t: tf.gather(t, index), rows))
+            return ds
 
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
         if skip_steps:
@@ -185,6 +199,17 @@ def no_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
+
+
+def in_memory(ds: tf.data.Dataset, rows: int) -> tuple[tf.data.Dataset, Any]:
+    """`(dataset, tensors)`: the `rows` examples of `ds` read once into tensors (a batch of
+    them all), and the dataset of those tensors' rows; `(ds, None)` where an input's shape
+    varies from example to example (they cannot be stacked) or `ds` is empty."""
+    if rows == 0 or not all(s.shape.is_fully_defined()
+                            for s in tf.nest.flatten(ds.element_spec)):
+        return ds, None
+    tensors = ds.batch(rows).get_single_element()
+    return tf.data.Dataset.from_tensor_slices(tensors), tensors
 
 
 def prefetched(ds: tf.data.Dataset, global_batch: int) -> tf.data.Dataset:

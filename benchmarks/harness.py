@@ -363,10 +363,12 @@ def fast_variants(a: argparse.Namespace) -> list[Variant]:
 def floor_variants(a: argparse.Namespace) -> list[Variant]:
     # benchmarks/floor.py (the same model and steps with nothing around them) against the
     # tuned preset, same epochs; each one's steady epoch is the median of its epochs 2-6
+    tuned = ["experiment=tutorial_keras_mnist_tuned", f"trainer.epochs={a.epochs}",
+             "trainer.export=false", QUIET, *a.extra]
     return [Variant("floor", "script", [FLOOR, "--epochs", str(a.epochs)]),
-            Variant("distlab tuned", "distlab", ["experiment=tutorial_keras_mnist_tuned",
-                                                 f"trainer.epochs={a.epochs}",
-                                                 "trainer.export=false", QUIET, *a.extra])]
+            Variant("distlab tuned", "distlab", tuned),
+            *(Variant(f"distlab tuned {c}", "distlab", [*tuned, *c.split()])
+              for c in a.candidate)]
 
 
 def steady_epoch(rec: Record) -> float | None:
@@ -389,18 +391,20 @@ def steady_epoch(rec: Record) -> float | None:
 
 def floor_report(records: list[Record], out: Path) -> None:
     """Per round: the floor's and the tuned preset's steady epoch and their ratio."""
-    lines = ["| round | floor epoch (s) | tuned epoch (s) | tuned / floor |", "|---|---|---|---|"]
-    ratios = []
+    lines = ["| round | variant | floor epoch (s) | its epoch (s) | its / floor |",
+             "|---|---|---|---|---|"]
+    ratios: dict[str, list[float]] = {}
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for r in sorted({rec.round for rec in records}):
-        floor, tuned = (steady_epoch(next(x for x in records if x.round == r and x.variant == v))
-                        for v in ("floor", "distlab tuned"))
-        ratio = tuned / floor if floor and tuned else None
-        if ratio:
-            ratios.append(ratio)
-        fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-        lines.append(f"| {r} | {fmt(floor)} | {fmt(tuned)} | {fmt(ratio)} |")
-    median = statistics.median(ratios) if ratios else None
-    lines += ["", f"median tuned / floor: {median:.3f}" if median else "no complete round"]
+        mine = {x.variant: steady_epoch(x) for x in records if x.round == r}
+        floor = mine.pop("floor", None)
+        for name, epoch in mine.items():
+            ratio = epoch / floor if floor and epoch else None
+            if ratio:
+                ratios.setdefault(name, []).append(ratio)
+            lines.append(f"| {r} | {name} | {fmt(floor)} | {fmt(epoch)} | {fmt(ratio)} |")
+    lines.append("")
+    lines += [f"median {name} / floor: {statistics.median(v):.3f}" for name, v in ratios.items()]
     text = "### Steady epoch: tuned preset against the compute floor\n\n" + "\n".join(lines) + "\n"
     print("\n" + text, flush=True)
     with (out / "floor.md").open("a") as f:
@@ -548,6 +552,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("floor", help="benchmarks/floor.py vs the tuned preset: steady epochs")
     s.add_argument("--pairs", type=int, default=3)
     s.add_argument("--epochs", type=int, default=6)
+    s.add_argument("--candidate", action="append", default=[],
+                   help="also the tuned preset with these overrides (space-separated)")
     s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
 
     s = sub.add_parser("reference", help="the two reference presets, full length")

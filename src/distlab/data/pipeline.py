@@ -69,7 +69,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         num_validation = int(splits.held_out.sum())
         num_train -= num_validation
     train_rows = None
-    if cfg.cache:  # train as tensors where it can be (the stream gathers its batches)
+    if cfg.cache:  # train's rows in memory where they can be (the stream gathers its batches)
         train, train_rows = in_memory(train, num_train)
         train = train if train_rows is not None else train.cache()
         test = test.cache()

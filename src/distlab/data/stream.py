@@ -5,7 +5,8 @@ depends on how many epochs this process has already run (resume gives the same b
 an uninterrupted run). A train split held in memory (`dataset.cache`) is streamed as
 indices: the shuffle and batching run on row numbers, each batch is gathered from the
 in-memory tensors, and the batches are the same as shuffling and batching the rows
-themselves (a shuffle's order does not depend on what it shuffles). `distribute` gives
+themselves (a shuffle's order does not depend on what it shuffles), and tf.data no
+longer reads, shuffles and copies the examples one by one. `distribute` gives
 each replica its even share of a global batch, with the row weights that let a short last
 batch be split over any replica count."""
 
@@ -22,6 +23,7 @@ from distlab.data.structure import batched
 
 AUTOTUNE = tf.data.AUTOTUNE
 ADAPT_BATCH = 1024  # rows per batch of Data.train_inputs (fixed: stats never depend on replicas)
+IN_MEMORY_CHUNK = 4096  # rows read at a time into a split held in memory (`in_memory`)
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Data:
     input_spec: Any = None  # the model's inputs per example: a tf.TensorSpec, tuple or dict
     standardize: tuple[str, ...] = ()  # inputs dataset.preprocess.standardize normalises
     splits: Any = None  # the RawSplits as the source gave them (their rows' fingerprints)
-    train_rows: Any = None  # `train` as tensors of all its rows (in memory), or None
+    train_rows: Any = None  # `train`'s rows in memory (variables, `in_memory`), or None
 
     def train_inputs(self, batch_size: int = ADAPT_BATCH) -> tf.data.Dataset:
         """The training split's model inputs (no labels), preprocessed, unshuffled, in
@@ -97,9 +99,9 @@ class Data:
                 ds = ds.repeat()  # batch is full (steps_per_epoch beyond one pass included)
             ds = batched(ds, gb)
             ds = ds if full_pass else ds.take(steps)
-            if rows is not None:
+            if rows is not None:  # (variables: a tensor captured here would be copied)
                 ds = ds.map(lambda index: tf.nest.map_structure(
-                    lambda t: tf.gather(t, index), rows))
+                    lambda v: tf.gather(v, index), rows))
             return ds
 
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
@@ -201,15 +203,32 @@ def no_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
     return ds.with_options(options)
 
 
-def in_memory(ds: tf.data.Dataset, rows: int) -> tuple[tf.data.Dataset, Any]:
-    """`(dataset, tensors)`: the `rows` examples of `ds` read once into tensors (a batch of
-    them all), and the dataset of those tensors' rows; `(ds, None)` where an input's shape
-    varies from example to example (they cannot be stacked) or `ds` is empty."""
-    if rows == 0 or not all(s.shape.is_fully_defined()
-                            for s in tf.nest.flatten(ds.element_spec)):
+def in_memory(ds: tf.data.Dataset, rows: int,
+              chunk: int = IN_MEMORY_CHUNK) -> tuple[tf.data.Dataset, Any]:
+    """`(dataset, variables)`: the `rows` examples of `ds` read once into variables (one per
+    input and label, all rows stacked; written in place chunk by chunk, so memory holds them
+    once, as `ds.cache()` would), and the dataset of their rows in order. `(ds, None)` where
+    they cannot be: an input whose shape varies from example to example, strings, an empty
+    split, or a distribution strategy's scope (its variables would be the strategy's)."""
+    specs = tf.nest.flatten(ds.element_spec)
+    if (rows == 0 or tf.distribute.has_strategy()
+            or not all(s.shape.is_fully_defined() and s.dtype != tf.string for s in specs)):
         return ds, None
-    tensors = ds.batch(rows).get_single_element()
-    return tf.data.Dataset.from_tensor_slices(tensors), tensors
+    variables = tf.nest.map_structure(
+        lambda s: tf.Variable(tf.zeros([rows, *s.shape], s.dtype), trainable=False),
+        ds.element_spec)
+    start = 0
+    for batch in ds.batch(chunk):
+        n = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+        index = tf.range(start, start + n)
+        tf.nest.map_structure(lambda v, t, at=index: v.scatter_update(tf.IndexedSlices(t, at)),
+                              variables, batch)
+        start += n
+    if start != rows:  # the split is not the size it was said to be: stream it as it is
+        return ds, None
+    by_row = tf.data.Dataset.range(rows).batch(chunk).map(
+        lambda index: tf.nest.map_structure(lambda v: tf.gather(v, index), variables))
+    return by_row.unbatch(), variables
 
 
 def prefetched(ds: tf.data.Dataset, global_batch: int) -> tf.data.Dataset:

@@ -220,6 +220,8 @@ def in_memory(ds: tf.data.Dataset, rows: int,
     start = 0
     for batch in ds.batch(chunk):
         n = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+        if start + n > rows:  # more rows than the split was said to have
+            return ds, None
         index = tf.range(start, start + n)
         tf.nest.map_structure(lambda v, t, at=index: v.scatter_update(tf.IndexedSlices(t, at)),
                               variables, batch)

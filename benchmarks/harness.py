@@ -10,6 +10,7 @@ first is printed; the summary gives medians over rounds.
     python benchmarks/harness.py overhead --workload custom_fashion --pairs 3
     python benchmarks/harness.py tuned --pairs 2                 # 12-epoch tutorial vs tuned
     python benchmarks/harness.py fast --pairs 3                  # tutorial script vs mnist_fast
+    python benchmarks/harness.py floor --pairs 3                 # tuned steady epoch / floor
     python benchmarks/harness.py reference                       # the two reference tables
     python benchmarks/harness.py scan-steps-per-loop --values 1,10,50,200
     python benchmarks/harness.py scan-steps-per-execution --values 1,10,50 --strategy default
@@ -174,10 +175,10 @@ def alternate(variants: list[Variant], rounds: int, out: Path, repo: Path,
 def _describe(rec: Record) -> str:
     if not rec.ok:
         return f"FAILED (exit {rec.returncode}; see {rec.run_dir}.log)"
-    acc = rec.get("test_accuracy")
-    eps = rec.get("train_examples_per_sec")
+    fmt = lambda key, spec: "-" if rec.get(key) is None else format(rec.get(key), spec)  # noqa: E731
     return (f"wall {rec.wall_s:.1f} s, peak RSS {rec.peak_rss_mib:.0f} MiB, "
-            f"test_accuracy {acc:.4f}, train {eps:.0f} ex/s, "
+            f"test_accuracy {fmt('test_accuracy', '.4f')}, "
+            f"train {fmt('train_examples_per_sec', '.0f')} ex/s, "
             f"end-to-end {rec.get('e2e_examples_per_sec'):.0f} ex/s"
             + (f", end gap {rec.get('end_gap_s'):.1f} s" if rec.get("end_gap_s") is not None
                else ""))
@@ -322,6 +323,7 @@ def rebuild(out: Path, name: str) -> None:
 # --------------------------------------------------------------------------- commands
 
 KERAS_BASELINE = str(BENCH / "baseline_keras_mnist.py")
+FLOOR = str(BENCH / "floor.py")
 CUSTOM_BASELINE = str(BENCH / "baseline_custom_fashion.py")
 
 
@@ -356,6 +358,57 @@ def fast_variants(a: argparse.Namespace) -> list[Variant]:
     return [Variant("script (tutorial, 12 epochs)", "script",
                     [KERAS_BASELINE, "--epochs", "12", "--verbose", "2"]),
             Variant("distlab mnist_fast", "distlab", ["experiment=mnist_fast", QUIET, *a.extra])]
+
+
+def floor_variants(a: argparse.Namespace) -> list[Variant]:
+    # benchmarks/floor.py (the same model and steps with nothing around them) against the
+    # tuned preset, same epochs; each one's steady epoch is the median of its epochs 2-6
+    tuned = ["experiment=tutorial_keras_mnist_tuned", f"trainer.epochs={a.epochs}",
+             "trainer.export=false", QUIET, *a.extra]
+    return [Variant("floor", "script", [FLOOR, "--epochs", str(a.epochs)]),
+            Variant("distlab tuned", "distlab", tuned),
+            *(Variant(f"distlab tuned {c}", "distlab", [*tuned, *c.split()])
+              for c in a.candidate)]
+
+
+def steady_epoch(rec: Record) -> float | None:
+    """A run's steady epoch in seconds: the median over epochs 2-6 of its training time (the
+    floor's results.json; a distlab run's history.csv, examples / examples_per_sec, which
+    leaves out the epoch end: checkpoint, TensorBoard, the epoch line)."""
+    if not rec.ok:
+        return None
+    if "floor_epoch_s" in rec.results:
+        return rec.results["floor_epoch_s"]
+    try:
+        rows = (Path(rec.run_dir) / "history.csv").read_text().splitlines()
+    except OSError:
+        return None
+    header = rows[0].split(",")
+    eps = [float(r.split(",")[header.index("examples_per_sec")]) for r in rows[1:]]
+    steady = [NUM_TRAIN["mnist"] / x for x in eps[1:6]]
+    return statistics.median(steady) if steady else None
+
+
+def floor_report(records: list[Record], out: Path) -> None:
+    """Per round: the floor's and the tuned preset's steady epoch and their ratio."""
+    lines = ["| round | variant | floor epoch (s) | its epoch (s) | its / floor |",
+             "|---|---|---|---|---|"]
+    ratios: dict[str, list[float]] = {}
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    for r in sorted({rec.round for rec in records}):
+        mine = {x.variant: steady_epoch(x) for x in records if x.round == r}
+        floor = mine.pop("floor", None)
+        for name, epoch in mine.items():
+            ratio = epoch / floor if floor and epoch else None
+            if ratio:
+                ratios.setdefault(name, []).append(ratio)
+            lines.append(f"| {r} | {name} | {fmt(floor)} | {fmt(epoch)} | {fmt(ratio)} |")
+    lines.append("")
+    lines += [f"median {name} / floor: {statistics.median(v):.3f}" for name, v in ratios.items()]
+    text = "### Steady epoch: tuned preset against the compute floor\n\n" + "\n".join(lines) + "\n"
+    print("\n" + text, flush=True)
+    with (out / "floor.md").open("a") as f:
+        f.write("\n" + text)
 
 
 def reference_variants(a: argparse.Namespace) -> list[Variant]:
@@ -496,6 +549,13 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--pairs", type=int, default=3)
     s.add_argument("extra", nargs="*", help="extra overrides for the mnist_fast run")
 
+    s = sub.add_parser("floor", help="benchmarks/floor.py vs the tuned preset: steady epochs")
+    s.add_argument("--pairs", type=int, default=3)
+    s.add_argument("--epochs", type=int, default=6)
+    s.add_argument("--candidate", action="append", default=[],
+                   help="also the tuned preset with these overrides (space-separated)")
+    s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
+
     s = sub.add_parser("reference", help="the two reference presets, full length")
     s.add_argument("--rounds", type=int, default=1)
 
@@ -575,6 +635,9 @@ def main(argv: list[str] | None = None) -> None:
     elif a.command == "fast":
         variants, rounds = fast_variants(a), a.pairs
         title = "Time to accuracy: experiment=mnist_fast vs the 12-epoch tutorial script"
+    elif a.command == "floor":
+        variants, rounds = floor_variants(a), a.pairs
+        title = f"Compute floor vs the tuned preset, {a.epochs} epochs"
     elif a.command == "reference":
         variants, rounds = reference_variants(a), a.rounds
         title = "Reference workloads (full length)"
@@ -601,6 +664,8 @@ def main(argv: list[str] | None = None) -> None:
                  "(each on experiment=tutorial_keras_mnist)")
     records = alternate(variants, rounds, out, repo, env, a.timeout, a.command)
     report(a.command, title, records, variants, out, meta)
+    if a.command == "floor":
+        floor_report(records, out)
     if any(not r.ok for r in records):
         sys.exit(1)
 

@@ -16,6 +16,8 @@ iterator_stall.py) is not counted here.
               default = no strategy) with steps_per_execution=N
 - custom:S:N  a tf.function running N steps per call (`for _ in tf.range(n)`), as distlab's
               loop=custom with loop.steps_per_loop=N
+- floor:S:N   as custom, but over the training images as in-memory tensors (a shuffled
+              index, each batch an in-graph gather; no tf.data): benchmarks/floor.py's step
 - suffix :xla jit_compile=True
 """
 
@@ -76,7 +78,7 @@ class _TrainClock(keras.callbacks.Callback):
         self.seconds = time.perf_counter() - self.start
 
 
-def custom_variant(strategy, steps_per_loop: int, jit: bool, stream):
+def custom_variant(strategy, steps_per_loop: int, jit: bool, stream, in_memory=None):
     with strategy.scope():
         model = make_model()
         optimizer = keras.optimizers.Adam()
@@ -102,7 +104,25 @@ def custom_variant(strategy, steps_per_loop: int, jit: bool, stream):
             total += strategy.reduce("SUM", strategy.run(step, args=(images, labels)), axis=None)
         return total
 
-    iterator = iter(strategy.experimental_distribute_dataset(stream()))  # kept: no deletion
+    if in_memory is not None:  # batches gathered in the graph from the tensors
+        images_all, labels_all = in_memory
+        rows = images_all.shape[0]
+        position = tf.Variable(0, dtype=tf.int64)
+        order = tf.Variable(tf.random.shuffle(tf.range(rows, dtype=tf.int64)))
+
+        @tf.function
+        def loop(iterator, n):  # noqa: F811
+            total = tf.zeros([])
+            for _ in tf.range(n):
+                start = position % rows
+                index = order[start:start + 64]
+                position.assign_add(tf.cast(tf.size(index), tf.int64))
+                total += step(tf.gather(images_all, index), tf.gather(labels_all, index))
+            return total
+
+        iterator = None
+    else:
+        iterator = iter(strategy.experimental_distribute_dataset(stream()))  # kept
 
     def run(steps: int) -> float:
         start, done = time.perf_counter(), 0
@@ -145,13 +165,15 @@ def main() -> None:
     print(f"input, one cached epoch (shuffle + batch, 938 batches): min {min(cached):.2f} s",
           flush=True)
 
+    in_memory = train.batch(60000).get_single_element()
     strategies = {"default": tf.distribute.get_strategy(),
                   "mirrored": tf.distribute.MirroredStrategy()}
     runs = {}
     for spec in a.variants:
         loop, strategy, n, *rest = spec.split(":")
         make = fit_variant if loop == "fit" else custom_variant
-        runs[spec] = make(strategies[strategy], int(n), rest == ["xla"], stream)
+        args = (strategies[strategy], int(n), rest == ["xla"], stream)
+        runs[spec] = (custom_variant(*args, in_memory) if loop == "floor" else make(*args))
         runs[spec](max(int(n), 100))  # trace and warm up
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(a.reps):

@@ -61,6 +61,26 @@ def test_fixed_steps_per_epoch_is_exact(tiny_data_dir):
     assert sizes == [64] * 22 and d.examples_per_epoch == 11 * 64
 
 
+def test_a_train_split_in_memory_streams_the_same_batches_as_row_by_row(tiny_data_dir):
+    """dataset.cache (the default) keeps train as tensors and gathers each batch by shuffled
+    row numbers: the same batches, images and labels, as shuffling and batching the rows
+    (dataset.cache=false), a whole pass or a fixed number of steps, resumed mid-epoch too."""
+    import dataclasses
+
+    loaded = {cache: data_lib.load(_cfg(tiny_data_dir, f"dataset.cache={str(cache).lower()}"),
+                                   num_replicas=1, seed=3, steps_per_epoch=None)
+              for cache in (True, False)}
+    assert loaded[True].train_rows is not None and loaded[False].train_rows is None
+    for steps, first, skip in [(None, 0, 0), (None, 1, 2), (11, 0, 0), (11, 1, 3)]:
+        gathered, rows = ([(x.numpy(), y.numpy()) for x, y in dataclasses.replace(
+            d, steps_per_epoch=steps or d.steps_per_epoch).train_epochs(first, 3, skip)]
+            for d in (loaded[True], loaded[False]))
+        assert len(gathered) == len(rows) > 0
+        for (x, y), (x2, y2) in zip(gathered, rows, strict=True):
+            np.testing.assert_array_equal(y, y2)
+            np.testing.assert_array_equal(x, x2)
+
+
 def test_offline_unprepared_dataset_fails_fast_with_a_clear_message(tmp_path, monkeypatch):
     """Offline (every connection refused): one probe of the download host, no download
     (tfds would retry for minutes), and a message that says what to do."""

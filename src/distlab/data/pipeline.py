@@ -24,7 +24,7 @@ from distlab.data import finite
 from distlab.data.builder_source import BuilderSource
 from distlab.data.holdout import hold_out
 from distlab.data.source import DataSource
-from distlab.data.stream import AUTOTUNE, Data, prefetched
+from distlab.data.stream import AUTOTUNE, Data, in_memory, prefetched
 from distlab.data.structure import input_names, input_shapes, named_specs
 from distlab.data.tfds_source import TfdsSource
 from distlab.data.transforms import make_augment, make_preprocess, standardized_inputs
@@ -68,8 +68,11 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         train, validation = hold_out(train, splits.held_out)
         num_validation = int(splits.held_out.sum())
         num_train -= num_validation
-    if cfg.cache:
-        train, test = train.cache(), test.cache()
+    train_rows = None
+    if cfg.cache:  # train's rows in memory where they can be (the stream gathers its batches)
+        train, train_rows = in_memory(train, num_train)
+        train = train if train_rows is not None else train.cache()
+        test = test.cache()
         validation = validation.cache() if validation is not None else None
     finite.check_splits(  # one pass each, which fills the memory cache: the first epoch's
         {_role("train", cfg.train_split): train,
@@ -100,6 +103,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
         input_spec=named_specs(train.element_spec[0]),
         standardize=standardized_inputs(cfg.preprocess, raw_input),
         splits=splits,
+        train_rows=train_rows,
     )
 
 

@@ -2,8 +2,13 @@
 its train stream is built per epoch: epoch e is shuffled, and augmented, with seeds derived
 from (seed, e) and the example's place in the epoch only, so the data of an epoch never
 depends on how many epochs this process has already run (resume gives the same batches as
-an uninterrupted run). `distribute` gives each replica its even share of a global batch,
-with the row weights that let a short last batch be split over any replica count."""
+an uninterrupted run). A train split held in memory (`dataset.cache`) is streamed as
+indices: the shuffle and batching run on row numbers, each batch is gathered from the
+in-memory tensors, and the batches are the same as shuffling and batching the rows
+themselves (a shuffle's order does not depend on what it shuffles), and tf.data no
+longer reads, shuffles and copies the examples one by one. `distribute` gives
+each replica its even share of a global batch, with the row weights that let a short last
+batch be split over any replica count."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from distlab.data.structure import batched
 
 AUTOTUNE = tf.data.AUTOTUNE
 ADAPT_BATCH = 1024  # rows per batch of Data.train_inputs (fixed: stats never depend on replicas)
+IN_MEMORY_CHUNK = 4096  # rows read at a time into a split held in memory (`in_memory`)
 
 
 @dataclass
@@ -46,6 +52,7 @@ class Data:
     input_spec: Any = None  # the model's inputs per example: a tf.TensorSpec, tuple or dict
     standardize: tuple[str, ...] = ()  # inputs dataset.preprocess.standardize normalises
     splits: Any = None  # the RawSplits as the source gave them (their rows' fingerprints)
+    train_rows: Any = None  # `train`'s rows in memory (variables, `in_memory`), or None
 
     def train_inputs(self, batch_size: int = ADAPT_BATCH) -> tf.data.Dataset:
         """The training split's model inputs (no labels), preprocessed, unshuffled, in
@@ -73,9 +80,14 @@ class Data:
         base, buffer, seed = self.train, self.shuffle_buffer, self.seed
         gb, steps, full_pass = self.global_batch_size, self.steps_per_epoch, self.full_pass
         augment = self.augment
+        rows = self.train_rows if augment is None else None  # augmenting: row by row
+        num_rows = int(tf.nest.flatten(rows)[0].shape[0]) if rows is not None else 0
 
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
-            ds = base
+            if rows is not None:  # the row numbers take the examples' place, then gather
+                ds = tf.data.Dataset.range(num_rows)
+            else:
+                ds = base
             if buffer > 0:
                 ds = shuffled(ds, buffer, seed, epoch)
             if augment is not None:  # seeded by (seed, epoch, place in the epoch)
@@ -86,7 +98,11 @@ class Data:
             if not full_pass:  # passes back to back, batched across their boundary: every
                 ds = ds.repeat()  # batch is full (steps_per_epoch beyond one pass included)
             ds = batched(ds, gb)
-            return ds if full_pass else ds.take(steps)
+            ds = ds if full_pass else ds.take(steps)
+            if rows is not None:  # (variables: a tensor captured here would be copied)
+                ds = ds.map(lambda index: tf.nest.map_structure(
+                    lambda v: tf.gather(v, index), rows))
+            return ds
 
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)
         if skip_steps:
@@ -185,6 +201,36 @@ def no_autotune(ds: tf.data.Dataset) -> tf.data.Dataset:
     options = tf.data.Options()
     options.autotune.enabled = False
     return ds.with_options(options)
+
+
+def in_memory(ds: tf.data.Dataset, rows: int,
+              chunk: int = IN_MEMORY_CHUNK) -> tuple[tf.data.Dataset, Any]:
+    """`(dataset, variables)`: the `rows` examples of `ds` read once into variables (one per
+    input and label, all rows stacked; written in place chunk by chunk, so memory holds them
+    once, as `ds.cache()` would), and the dataset of their rows in order. `(ds, None)` where
+    they cannot be: an input whose shape varies from example to example, strings, an empty
+    split, or a distribution strategy's scope (its variables would be the strategy's)."""
+    specs = tf.nest.flatten(ds.element_spec)
+    if (rows == 0 or tf.distribute.has_strategy()
+            or not all(s.shape.is_fully_defined() and s.dtype != tf.string for s in specs)):
+        return ds, None
+    variables = tf.nest.map_structure(
+        lambda s: tf.Variable(tf.zeros([rows, *s.shape], s.dtype), trainable=False),
+        ds.element_spec)
+    start = 0
+    for batch in ds.batch(chunk):
+        n = int(tf.shape(tf.nest.flatten(batch)[0])[0])
+        if start + n > rows:  # more rows than the split was said to have
+            return ds, None
+        index = tf.range(start, start + n)
+        tf.nest.map_structure(lambda v, t, at=index: v.scatter_update(tf.IndexedSlices(t, at)),
+                              variables, batch)
+        start += n
+    if start != rows:  # the split is not the size it was said to be: stream it as it is
+        return ds, None
+    by_row = tf.data.Dataset.range(rows).batch(chunk).map(
+        lambda index: tf.nest.map_structure(lambda v: tf.gather(v, index), variables))
+    return by_row.unbatch(), variables
 
 
 def prefetched(ds: tf.data.Dataset, global_batch: int) -> tf.data.Dataset:

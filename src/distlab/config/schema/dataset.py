@@ -69,7 +69,7 @@ class DatasetConfig:
     # examples per replica per step; the global batch is this x the replicas of all workers
     batch_size_per_replica: int = checked(64, POSITIVE)
     shuffle_buffer: int = checked(10000, NON_NEGATIVE)  # examples; 0: no shuffling
-    cache: bool = True  # keep the preprocessed splits in memory after the first pass
+    cache: bool = True  # keep the preprocessed splits in memory (train: its rows, batches gathered)
     disk_cache: bool = True  # decoded, preprocessed tfds splits on disk, shared across runs
     cache_dir: str | None = None  # null: $DISTLAB_CACHE_DIR, else ~/.cache/distlab
     data_dir: str | None = None  # null: tfds' default, which honours TFDS_DATA_DIR

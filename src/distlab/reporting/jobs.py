@@ -31,8 +31,9 @@ class Job:
 
     @property
     def failed(self) -> bool:
-        """Not completed: failed, refused, interrupted or missing (no figures to rank)."""
-        return self.status != "completed"
+        """Not completed (nor pruned by a search): failed, refused, interrupted or missing
+        (no figures to rank)."""
+        return self.status not in ("completed", "pruned")
 
     @property
     def error(self) -> str:
@@ -48,9 +49,11 @@ def tally(jobs: list[Job]) -> str:
     """`N jobs: C completed, F failed` (and `, I interrupted` when a signal stopped some): an
     interrupted job is not counted as failed."""
     interrupted = sum(j.status == "interrupted" for j in jobs)
-    completed = sum(not j.failed for j in jobs)
+    pruned = sum(j.status == "pruned" for j in jobs)
+    completed = sum(not j.failed for j in jobs) - pruned
     text = (f"{len(jobs)} jobs: {completed} completed, "
-            f"{len(jobs) - completed - interrupted} failed")
+            + (f"{pruned} pruned, " if pruned else "")
+            + f"{len(jobs) - completed - pruned - interrupted} failed")
     return text + (f", {interrupted} interrupted" if interrupted else "")
 
 

@@ -41,9 +41,9 @@ def open_storage(location: str) -> Any:
         JournalFileBackend(location, lock_obj=JournalFileSymlinkLock(location)))
 
 
-def build_pruner(name: str | None) -> Any:
-    """Optuna's pruner for `hydra.sweeper.pruner` (Optuna's defaults; hyperband's largest
-    resource is found from the first trial that completes)."""
+def build_pruner(name: str | None, args: Any = None) -> Any:
+    """Optuna's pruner for `hydra.sweeper.pruner`, with `hydra.sweeper.pruner_args` (its
+    keyword arguments, e.g. {n_startup_trials: 3}; none: Optuna's defaults)."""
     import optuna
 
     pruners = {"none": optuna.pruners.NopPruner, "median": optuna.pruners.MedianPruner,
@@ -53,15 +53,20 @@ def build_pruner(name: str | None) -> Any:
     if key not in pruners:
         raise ConfigError(f"hydra.sweeper.pruner={name!r} is not a pruner: use one of "
                           f"{', '.join(PRUNERS)}")
-    return pruners[key]()
+    try:
+        return pruners[key](**dict(args or {}))
+    except TypeError as e:
+        raise ConfigError(f"hydra.sweeper.pruner_args={dict(args or {})}: not arguments of "
+                          f"the {key} pruner ({e})") from None
 
 
-def job_trial(storage: str, study: str, number: int, pruner: str | None) -> Any:
+def job_trial(storage: str, study: str, number: int, pruner: str | None,
+              pruner_args: Any = None) -> Any:
     """The job's own trial (an `optuna.Trial` it reports to), with the search's pruner."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     loaded = optuna.load_study(study_name=study, storage=open_storage(storage),
-                               pruner=build_pruner(pruner))
+                               pruner=build_pruner(pruner, pruner_args))
     trial_id = loaded._storage.get_trial_id_from_study_id_trial_number(loaded._study_id, number)
     return optuna.trial.Trial(loaded, trial_id)

@@ -51,6 +51,7 @@ SWEEPER_DEFAULTS = {
     "n_jobs": 1,  # trials running at once (with a process launcher)
     "max_failure_rate": 1.0,  # stop starting trials when more of them failed
     "pruner": "none",  # none, median, successive_halving, hyperband
+    "pruner_args": {},  # the pruner's keyword arguments, e.g. {n_startup_trials: 3}
     "sampler": {"_target_": "optuna.samplers.TPESampler"},
     "params": None,  # {key: search space in Hydra's override grammar}
 }
@@ -64,11 +65,12 @@ class DistlabOptunaSweeper(Sweeper):
     def __init__(self, sampler: Any = None, direction: str = AUTO,
                  storage: str | None = None, study_name: str = "distlab", n_trials: int = 20,
                  n_jobs: int = 1, max_failure_rate: float = 1.0, pruner: str = "none",
-                 params: Any = None, **_: Any) -> None:
+                 pruner_args: Any = None, params: Any = None, **_: Any) -> None:
         self.sampler_cfg, self.direction, self.storage = sampler, direction, storage
         self.study_name, self.n_trials, self.n_jobs = study_name, int(n_trials), int(n_jobs)
         self.max_failure_rate, self.pruner = float(max_failure_rate), str(pruner or "none")
         self.params = params
+        self.pruner_args = {str(k): v for k, v in dict(pruner_args or {}).items()}
         self._lock = threading.Lock()
 
     # ---- set-up: the refusals before any trial
@@ -94,7 +96,7 @@ class DistlabOptunaSweeper(Sweeper):
                               "maximize or minimize")
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ConfigError("hydra.sweeper.max_failure_rate must be between 0 and 1")
-        build_pruner(self.pruner)  # an unknown name: one line now
+        build_pruner(self.pruner, self.pruner_args)  # a bad name or argument: one line now
         self._advice = _advice(job_cfg, higher)
         self._field = _objective_field(config)
         self._objective = str(job_cfg.get("objective") or "")
@@ -120,10 +122,10 @@ class DistlabOptunaSweeper(Sweeper):
         self._location = storage_location(self.storage, self._sweep_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = _instantiate(self.sampler_cfg)
-        study = optuna.create_study(study_name=self.study_name,
-                                    storage=open_storage(self._location), sampler=sampler,
-                                    pruner=build_pruner(self.pruner), direction=self.direction,
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            study_name=self.study_name, storage=open_storage(self._location), sampler=sampler,
+            pruner=build_pruner(self.pruner, self.pruner_args), direction=self.direction,
+            load_if_exists=True)
         if study.direction.name.lower() != self.direction:
             from distlab.errors import ConfigError
 
@@ -194,7 +196,9 @@ class DistlabOptunaSweeper(Sweeper):
         pairs = {**{k: v for k, v in params.items()}, **self._fixed}
         return [*(f"{k}={v}" for k, v in pairs.items()),
                 f"search.storage={self._location}", f"search.study={self.study_name}",
-                f"search.trial={number}", f"search.pruner={self.pruner}"]
+                f"search.trial={number}", f"search.pruner={self.pruner}",
+                "search.pruner_args={" + ",".join(f"{k}:{v}" for k, v in
+                                                  self.pruner_args.items()) + "}"]
 
     def _work(self) -> None:
         """Launch trials one at a time until none is left (one worker thread, or the main)."""

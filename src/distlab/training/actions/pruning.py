@@ -30,7 +30,7 @@ class Pruning:
             from distlab.search import job_trial
 
             self.trial = job_trial(str(search.storage), str(search.study), int(search.trial),
-                                   search.pruner)
+                                   search.pruner, search.pruner_args)
 
     @staticmethod
     def build(exp: Experiment) -> Pruning | None:

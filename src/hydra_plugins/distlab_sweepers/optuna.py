@@ -51,7 +51,7 @@ SWEEPER_DEFAULTS = {
     "n_jobs": 1,  # trials running at once (with a process launcher)
     "max_failure_rate": 1.0,  # stop starting trials when more of them failed
     "pruner": "none",  # none, median, successive_halving, hyperband
-    "pruner_args": {},  # the pruner's keyword arguments, e.g. {n_startup_trials: 3}
+    "pruner_args": None,  # the pruner's keyword arguments, e.g. {n_startup_trials: 3}
     "sampler": {"_target_": "optuna.samplers.TPESampler"},
     "params": None,  # {key: search space in Hydra's override grammar}
 }

@@ -98,7 +98,7 @@ class SearchConfig:
     study: str | None = None  # the study's name
     trial: int | None = None  # the trial's number (= the job's number in the sweep)
     pruner: str = "none"  # hydra.sweeper.pruner: none, median, successive_halving, hyperband
-    pruner_args: dict[str, Any] = field(default_factory=dict)  # hydra.sweeper.pruner_args
+    pruner_args: Any = None  # hydra.sweeper.pruner_args: the pruner's arguments
 
 
 @dataclass

@@ -156,21 +156,18 @@ class DistlabOptunaSweeper(Sweeper):
                         "in this process: trials run one at a time (choose hydra/launcher="
                         "joblib or submitit_local to run them at once)", workers)
             workers = 1
-        try:
-            if workers <= 1:
-                self._work()  # in the main thread: a job's signals end the search
-            else:
-                threads = [threading.Thread(target=self._work, name=f"distlab-trials-{i}",
-                                            daemon=True) for i in range(workers)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                if getattr(self, "_error", None) is not None:
-                    raise self._error
-        except sweep_signals.Stopped:
-            raise
-        if sweep_signals.stopping():
+        if workers <= 1:
+            self._work()  # in the main thread: a job's signals end the search
+        else:
+            threads = [threading.Thread(target=self._work, name=f"distlab-trials-{i}",
+                                        daemon=True) for i in range(workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if getattr(self, "_error", None) is not None:
+                raise self._error
+        if sweep_signals.stopping():  # (the summary and the one line: sweep_signals.broken)
             raise sweep_signals.Stopped("the search was stopped by a signal")
         return self._finish(study)
 

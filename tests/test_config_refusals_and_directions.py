@@ -136,14 +136,17 @@ def test_a_test_split_objective_is_refused_before_any_direction():
 
 
 def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monkeypatch):
-    """Item 4: the sweeper's study direction (what hydra-optuna-sweeper gives Optuna), set
-    before hydra-optuna-sweeper's own setup (which needs a real Hydra context: here it stops
-    the setup, and nothing else may fail)."""
+    """Item 4: the sweeper's study direction, set in its setup before the launcher is built
+    (which needs a real Hydra context: here it stops the setup, and nothing else may fail)."""
+    from hydra.core.plugins import Plugins
+
     class Stop(Exception):
         pass
 
-    def parents_setup(self, **kwargs):
+    def no_launcher(self, **kwargs):
         raise Stop
+
+    monkeypatch.setattr(Plugins, "instantiate_launcher", no_launcher)
 
     def study_direction(*overrides: str) -> str:
         from conftest import ROOT
@@ -156,9 +159,6 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
                                 return_hydra_config=True)
         sweeper = instantiate(cfg.hydra.sweeper)  # (no global HydraConfig: jobs would read it)
         assert type(sweeper).__name__ == "DistlabOptunaSweeper"
-        # hydra-optuna-sweeper's class as the sweeper has it (Hydra's plug-in scan may have
-        # imported that module again, so not necessarily the one importable here)
-        monkeypatch.setattr(type(sweeper).__bases__[0], "setup", parents_setup)
 
         class Context:
             config_loader = None
@@ -166,7 +166,7 @@ def test_optuna_direction_auto_follows_the_objective_and_a_set_one_is_kept(monke
 
         with pytest.raises(Stop):
             sweeper.setup(hydra_context=Context(), task_function=lambda c: None, config=cfg)
-        return sweeper.sweeper._get_directions()[0]
+        return sweeper.direction
 
     assert study_direction() == "maximize"
     assert study_direction("objective=time_to_target_s", *TARGET) == "minimize"

@@ -17,7 +17,9 @@ RERUN_NEUTRAL_KEYS = {
     "strategy.connect_timeout_s", "trainer.profile_steps", "trainer.throughput.warmup_epochs",
     "trainer.throughput.warmup_steps", "trainer.throughput.windows",
 }  # trainer.target is not: whether it was reached is part of the checkpoint
-RERUN_NEUTRAL_GROUPS = ("logger",)  # every key under them (a rerun may add logger=mlflow)
+# every key under them (a rerun may add logger=mlflow; search: where the trial's study is
+# stored, set by the Optuna sweeper, not what trains)
+RERUN_NEUTRAL_GROUPS = ("logger", "search")
 
 
 def effective(config: dict[str, Any]) -> dict[str, Any]:

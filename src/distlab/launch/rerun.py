@@ -16,8 +16,10 @@ log = logging.getLogger("distlab")
 
 
 def already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
+    """Whether the earlier run is finished: completed, or pruned by a search (never
+    retrained: its trial is over)."""
     return bool(previous and cfg.mode == "train" and previous.get("mode") == "train"
-                and previous.get("status") == "completed"
+                and previous.get("status") in ("completed", "pruned")
                 and (previous.get("epochs_completed", 0) >= cfg.trainer.epochs
                      or bool(previous.get("stopped_early"))))
 

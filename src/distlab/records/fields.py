@@ -42,7 +42,8 @@ WRITTEN_BY = {"every": "every run, failed ones too", "failed": "failed runs",
               "optional": "when its option applies", "interrupted": "interrupted runs"}
 F = Field
 FIELDS: tuple[Field, ...] = (
-    F("status", "str", None, "completed, interrupted or failed", "every"),
+    F("status", "str", None, "completed, pruned (a search's pruner stopped it: finished), "
+      "interrupted or failed", "every"),
     F("error", "str", None, "a failed run's one-line error", "failed"),
     F("mode", "str", None, "train or evaluate", "every"),
     F("loop", "str", None, "the loop's name (keras_fit, custom, or a registered one)", "every",
@@ -117,7 +118,10 @@ FIELDS: tuple[Field, ...] = (
     F("best_checkpoint", "str | null", None, "checkpoints/best's prefix", "optional"),
     F("stopped_early", "object", None, "{epoch, reason}: training ended early after that "
       "epoch (1-based, as history.csv; a callback's hooks count from 0); reason: target, "
-      "early_stopping, or callback (a callback set model.stop_training)", "optional"),
+      "early_stopping, callback (a callback set model.stop_training) or pruned", "optional"),
+    F("pruned", "object", None, "{epoch, metric, value}: the search's pruner stopped this "
+      "trial after that epoch, whose validation figure (metric, the objective) was value",
+      "optional"),
     F("checkpoint", "str | null", None, "the latest checkpoint's prefix (an evaluation: the "
       "one evaluated)", "done"),
     F("steps_in_epoch", "int", None, "an interrupted run's steps into its next epoch",

@@ -33,7 +33,7 @@ from distlab.tracking.tracker import RunInfo, Tracker
 
 log = logging.getLogger("distlab")
 INSTALL = 'pip install "distlab[mlflow]"'
-STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}  # anything else: FAILED
+STATUS = {"completed": "FINISHED", "pruned": "FINISHED", "interrupted": "KILLED"}  # else FAILED
 MAX_NAME, MAX_VALUE = 250, 6000  # MLflow's longest run name, and param or tag value
 
 
@@ -126,7 +126,10 @@ class MlflowTracker(Tracker):
 
     def finish(self, results: dict[str, Any]) -> None:
         status = results.get("status")
-        if status == "completed":
+        if status == "pruned":  # the search's pruner stopped it: a finished run, tagged
+            pruned = results.get("pruned") or {}
+            self._log(tags={"pruned": "true", "distlab.pruned_epoch": str(pruned.get("epoch"))})
+        if status in ("completed", "pruned"):
             final = {f"results/{k}": v for k, v in figures(results).items()}
             self._log(metrics=final, step=int(results.get("epochs_completed") or 0))
         elif status != "interrupted" and results.get("error"):

@@ -35,6 +35,7 @@ from distlab.distribute.preemption import Interrupted, StopRequest
 from distlab.training.actions.history import History
 from distlab.training.actions.nan_guard import check_finite
 from distlab.training.actions.profiler import Profiler
+from distlab.training.actions.pruning import Pruning
 from distlab.training.actions.throughput import Interval, steady_state
 from distlab.training.callbacks import Callbacks, check_monitors, has_batch_hooks, warn_resumed
 from distlab.training.checkpoints import Checkpoints
@@ -83,6 +84,8 @@ class Controller:
         self._read_figures = self._batch_logs or self.shows_progress
         self._bar: keras.utils.Progbar | None = None  # this epoch's progress bar
         self._stop_asked = False  # a callback set model.stop_training (multi-worker: pending)
+        self.pruning = Pruning.build(exp)  # a search's trial (search.*), else None
+        self.pruned: dict[str, Any] | None = None  # {epoch, metric, value} once pruned
 
     @property
     def finished(self) -> bool:
@@ -227,7 +230,8 @@ class Controller:
         # the whole epoch's, resumed or not
         figures = self.running_sums().means(prefix="")
         self._update_bar(self._mark[1], figures, finalize=True)  # before any line is logged
-        if self._every(epoch, "validate_every") and exp.data.validation is not None:
+        validated = self._every(epoch, "validate_every") and exp.data.validation is not None
+        if validated:
             figures.update({f"val_{k}": v for k, v in self.loop.evaluate("validation").items()})
         if self._every(epoch, "test_every"):  # reported (a tutorial's pass), never watched
             figures.update({f"test_{k}": v for k, v in self.loop.evaluate("test").items()})
@@ -248,6 +252,8 @@ class Controller:
         if self._callback_stop(epoch_end=True) and not self.finished:
             log.info("a callback stopped training at epoch %d (model.stop_training)", epoch + 1)
             exp.monitors.stop(epoch + 1, "callback")
+        if validated and self.pruning is not None and not self.finished:
+            self._prune(epoch + 1, figures)
         if best:
             ckpt.save_best(epoch + 1)  # before a stop's checkpoint
         self.stop_if_asked(epoch + 1, 0)  # this epoch is done: a stop saves it whole
@@ -256,6 +262,15 @@ class Controller:
         if (epoch + 1) % exp.cfg.trainer.checkpoint_every == 0 or last or best:
             ckpt.save(epoch + 1, 0)
         return self.finished
+
+    def _prune(self, epochs_done: int, figures: dict[str, Any]) -> None:
+        """Report the objective's validation figure to the search's trial; stop after this
+        epoch when the pruner prunes it."""
+        last = epochs_done == self.exp.cfg.trainer.epochs
+        value = self.pruning.check(epochs_done, figures, last)
+        if value is not None:
+            self.exp.monitors.stop(epochs_done, "pruned")
+            self.pruned = {"epoch": epochs_done, "metric": self.pruning.metric, "value": value}
 
     def epoch_logs(self, row: dict[str, Any]) -> dict[str, float]:
         """The callbacks' logs of an epoch: its history row's columns but `epoch` (figures

@@ -224,7 +224,32 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
                                    status="interrupted", interrupted_stage=stopped.stage,
                                    steps_in_epoch=step, checkpoint=checkpoints.latest)
         raise stopped from None
-    return _results(exp, checkpoints.position[0], **done, checkpoint=checkpoints.latest)
+    return _results(exp, checkpoints.position[0], **done, **_pruned(exp, controller),
+                    checkpoint=checkpoints.latest)
+
+
+def _pruned(exp: Experiment, controller: Controller) -> dict[str, Any]:
+    """status pruned and `pruned` {epoch, metric, value} for a trial the search's pruner
+    stopped (its value as reported; after a resume of its last stages, from history.csv)."""
+    if exp.monitors.stop_reason != "pruned":
+        return {}
+    epoch = exp.monitors.results(exp.origin)["stopped_early"]["epoch"]
+    pruned = controller.pruned or {"epoch": epoch, "metric": exp.cfg.objective,
+                                   "value": _history_value(exp, epoch, str(exp.cfg.objective))}
+    return {"status": "pruned", "pruned": pruned}
+
+
+def _history_value(exp: Experiment, epoch: int, metric: str) -> float | None:
+    import csv
+
+    try:
+        with (exp.run_dir.path / "history.csv").open(newline="") as f:
+            for row in csv.DictReader(f):
+                if int(row.get("epoch") or 0) == epoch and row.get(metric):
+                    return float(row[metric])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoints,

@@ -1,122 +1,369 @@
-"""The Optuna sweeper, ranking by the objective's own direction and saying why a trial
-gave Optuna no value."""
+"""distlab's Optuna sweeper (`hparams_search=optuna`): asynchronous ask/tell trials whose
+study lives in the sweep directory, so that a search resumes, and whose jobs can be pruned.
+
+- The search space is `hydra.sweeper.params` in Hydra's override grammar (`choice(...)`,
+  `interval(...)`, `tag(log, interval(...))`, `range(...)`, a plain list; a single value is
+  fixed), as hydra-optuna-sweeper read it.
+- `direction: auto` takes the study's direction from the objective
+  (`distlab.records.ranking`); a search whose jobs would report no objective is refused in
+  one line before any trial.
+- Trial N runs as job N (`hydra.sweep.dir/N`). With `n_jobs > 1` (a process launcher:
+  joblib, submitit) n_jobs threads each launch one trial at a time, so a new trial starts as
+  soon as one ends. The basic launcher runs its trials one by one in this process.
+- Each job gets its trial as `search.*` keys; the Controller reports the validation figure
+  of the objective at each validated epoch and stops a trial the pruner prunes
+  (results.json `status: pruned`); the sweeper then tells Optuna the trial is PRUNED.
+- Resume: the study is stored (default: `optuna.journal` in the sweep dir). A rerun keeps
+  its finished trials (counted toward n_trials), relaunches each trial left running (an
+  interrupted job: same parameters, same job directory, so it resumes from its checkpoint)
+  and asks for new ones up to n_trials. A failed trial stays failed.
+- A trial whose job completed without a value for the objective is logged in one line and
+  told to Optuna as failed; when no trial completed, the sweep summary is written and the
+  search exits 1; after Ctrl-C or SIGTERM (`distlab.launch.sweep_signals`) no trial starts.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
 from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
-NO_COMPLETED_TRIAL = "No trials are completed yet"  # optuna's Study.best_trial
 AUTO = "auto"
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
-class _NoValueNote(logging.Filter):
-    """Drops hydra-optuna-sweeper's "Return value must be float-castable. Got 'None'"
-    warning: the sweeper has already said, in one line, why the trial has no value."""
+# `hydra/sweeper=distlab_optuna` (what `hparams_search=optuna` selects), with its defaults.
+# (A plain node: Hydra's plug-in scan runs this module without registering it, so a
+# dataclass here could not resolve its annotations.)
+SWEEPER_DEFAULTS = {
+    "_target_": "hydra_plugins.distlab_sweepers.optuna.DistlabOptunaSweeper",
+    "direction": AUTO,  # auto (from the objective), maximize or minimize
+    "study_name": "distlab",
+    "storage": None,  # null: optuna.journal in the sweep dir; or a journal file, or a URL
+    "n_trials": 20,  # in all, the trials of earlier runs of this search included
+    "n_jobs": 1,  # trials running at once (with a process launcher)
+    "max_failure_rate": 1.0,  # stop starting trials when more of them failed
+    "pruner": "none",  # none, median, successive_halving, hyperband
+    "pruner_args": None,  # the pruner's keyword arguments, e.g. {n_startup_trials: 3}
+    "sampler": {"_target_": "optuna.samplers.TPESampler"},
+    "params": None,  # {key: search space in Hydra's override grammar}
+}
+ConfigStore.instance().store(group="hydra/sweeper", name="distlab_optuna",
+                             node=SWEEPER_DEFAULTS, provider="distlab")
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Got 'None'" not in record.getMessage()
 
+class DistlabOptunaSweeper(Sweeper):
+    """Optuna's ask/tell over Hydra jobs (see the module docstring)."""
 
-_NO_VALUE_NOTE = _NoValueNote()
+    def __init__(self, sampler: Any = None, direction: str = AUTO,
+                 storage: str | None = None, study_name: str = "distlab", n_trials: int = 20,
+                 n_jobs: int = 1, max_failure_rate: float = 1.0, pruner: str = "none",
+                 pruner_args: Any = None, params: Any = None, **_: Any) -> None:
+        self.sampler_cfg, self.direction, self.storage = sampler, direction, storage
+        self.study_name, self.n_trials, self.n_jobs = study_name, int(n_trials), int(n_jobs)
+        self.max_failure_rate, self.pruner = float(max_failure_rate), str(pruner or "none")
+        self.params = params
+        self.pruner_args = {str(k): v for k, v in dict(pruner_args or {}).items()}
+        self._lock = threading.Lock()
 
-
-class DistlabOptunaSweeper(OptunaSweeper):
-    """hydra-optuna-sweeper's OptunaSweeper, except that:
-
-    - `direction: auto` (distlab's default) takes the study's direction from the objective
-      (`distlab.records.ranking`: accuracy up, losses, times and MAE down); a direction
-      the user sets is kept;
-    - a search whose jobs would report no objective (no `objective`, dataset.validation=null),
-      or one they refuse, is refused in one line before any trial runs;
-    - a trial whose job completed without a value for the objective (e.g. time_to_target_s
-      when the target was not reached) is logged in one line and told to Optuna as failed,
-      so the sampler never sees an invented value;
-    - when no trial completed, it writes the sweep summary and exits 1 with one line saying
-      why, instead of Optuna's `ValueError: No trials are completed yet` traceback;
-    - after Ctrl-C or SIGTERM of a search whose trials run in processes of their own
-      (`distlab.launch.sweep_signals`), it starts no more trials.
-    """
-
+    # ---- set-up: the refusals before any trial
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction,
               config: DictConfig) -> None:
+        from hydra.core.plugins import Plugins
+
         from distlab.config.figures import check_search_objective
+        from distlab.errors import ConfigError
         from distlab.launch.objective import task_metrics
         from distlab.records.ranking import direction, has_validation
+        from distlab.search import build_pruner
 
         self._config = config
-        impl = self.sweeper
         job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
         higher = task_metrics(job_cfg)
-        # the field the jobs return (none: no trial would give Optuna a value)
         check_search_objective(job_cfg.get("objective"), str(job_cfg.task.get("name")),
                                list(higher), has_validation(job_cfg))
-        if str(getattr(impl.direction, "name", impl.direction)) == AUTO:
-            impl.direction = direction(job_cfg, higher)
+        if str(self.direction) == AUTO:
+            self.direction = direction(job_cfg, higher)
+        if self.direction not in ("maximize", "minimize"):
+            raise ConfigError(f"hydra.sweeper.direction={self.direction!r}: use auto, "
+                              "maximize or minimize")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise ConfigError("hydra.sweeper.max_failure_rate must be between 0 and 1")
+        build_pruner(self.pruner, self.pruner_args)  # a bad name or argument: one line now
         self._advice = _advice(job_cfg, higher)
-        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self._field = _objective_field(config)
+        self._objective = str(job_cfg.get("objective") or "")
+        if self.pruner != "none" and not self._objective.startswith("val_"):
+            log.info("hydra.sweeper.pruner=%s: pruning is off, the objective %s is not a "
+                     "validation figure", self.pruner, self._field)
+            self.pruner = "none"
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=task_function)
+        self._sweep_dir = str(config.hydra.sweep.dir)
         self._no_value = 0
-        launcher = impl.launcher
-        launch = launcher.launch
 
-        def launch_and_explain(job_overrides: Any, initial_job_idx: int) -> Any:
-            from distlab.launch import sweep_signals
+    # ---- the search
+    def sweep(self, arguments: list[str]) -> Any:
+        import optuna
 
-            if sweep_signals.stopping():  # Ctrl-C/SIGTERM of the search: no more trials
-                raise sweep_signals.Stopped("the search was stopped by a signal")
-            returns = launch(job_overrides, initial_job_idx=initial_job_idx)
-            for num, ret in enumerate(returns, start=initial_job_idx):
-                if ret.return_value is None and _job_completed(ret):
+        from distlab.launch import sweep_signals
+        from distlab.search import build_pruner, open_storage, storage_location
+
+        _record_arguments(self._config, arguments)
+        space, fixed = search_space(self.params, arguments)
+        self._space, self._fixed = space, fixed
+        self._location = storage_location(self.storage, self._sweep_dir)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        sampler = _instantiate(self.sampler_cfg)
+        study = optuna.create_study(
+            study_name=self.study_name, storage=open_storage(self._location), sampler=sampler,
+            pruner=build_pruner(self.pruner, self.pruner_args), direction=self.direction,
+            load_if_exists=True)
+        if study.direction.name.lower() != self.direction:
+            from distlab.errors import ConfigError
+
+            raise ConfigError(f"the study {self.study_name!r} in {self._location} was "
+                              f"started to {study.direction.name.lower()} its objective; "
+                              f"this search would {self.direction} {self._field}: use "
+                              "another hydra.sweep.dir or hydra.sweeper.study_name")
+        self._study = study
+        trials = study.get_trials(deepcopy=False)
+        self._pending = [t.number for t in trials
+                         if t.state == optuna.trial.TrialState.RUNNING]  # interrupted: rerun
+        self._planned = max(0, self.n_trials - len(trials))  # new trials still to ask for
+        self._failures = sum(t.state == optuna.trial.TrialState.FAIL for t in trials)
+        self._finished = sum(t.state.is_finished() for t in trials)
+        self._stop = False
+        log.info("Study name: %s", study.study_name)
+        log.info("Storage: %s", self._location)
+        log.info("Sampler: %s", type(sampler).__name__)
+        log.info("Pruner: %s", self.pruner)
+        log.info("Directions: %s", [self.direction])
+        if trials:
+            log.info("resuming the search: %d trial(s) finished, %d to relaunch, %d new",
+                     self._finished, len(self._pending), self._planned)
+        workers = self.n_jobs
+        target = str(OmegaConf.select(self._config, "hydra.launcher._target_", default=""))
+        if workers > 1 and target == BASIC_LAUNCHER:
+            log.warning("hydra.sweeper.n_jobs=%d with the basic launcher, which runs jobs "
+                        "in this process: trials run one at a time (choose hydra/launcher="
+                        "joblib or submitit_local to run them at once)", workers)
+            workers = 1
+        if workers <= 1:
+            self._work()  # in the main thread: a job's signals end the search
+        else:
+            threads = [threading.Thread(target=self._work, name=f"distlab-trials-{i}",
+                                        daemon=True) for i in range(workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if getattr(self, "_error", None) is not None:
+                raise self._error
+        if sweep_signals.stopping():  # (the summary and the one line: sweep_signals.broken)
+            raise sweep_signals.Stopped("the search was stopped by a signal")
+        return self._finish(study)
+
+    def _next(self) -> tuple[Any, list[str]] | None:
+        """The next trial to launch (a relaunched one first) and its overrides; None: done."""
+        from distlab.launch import sweep_signals
+
+        with self._lock:
+            if self._stop or sweep_signals.stopping():
+                return None
+            if self._pending:
+                number = self._pending.pop(0)
+                frozen = self._study.get_trials(deepcopy=False)[number]
+                log.info("trial %d: relaunched with its parameters (its job resumes)", number)
+                return number, self._overrides(number, frozen.params)
+            if self._planned <= 0:
+                return None
+            self._planned -= 1
+            trial = self._study.ask(self._space)
+            return trial.number, self._overrides(trial.number, trial.params)
+
+    def _overrides(self, number: int, params: dict[str, Any]) -> list[str]:
+        pairs = {**{k: v for k, v in params.items()}, **self._fixed}
+        return [*(f"{k}={v}" for k, v in pairs.items()),
+                f"search.storage={self._location}", f"search.study={self.study_name}",
+                f"search.trial={number}", f"search.pruner={self.pruner}",
+                "search.pruner_args={" + ",".join(f"{k}:{v}" for k, v in
+                                                  self.pruner_args.items()) + "}"]
+
+    def _work(self) -> None:
+        """Launch trials one at a time until none is left (one worker thread, or the main)."""
+        try:
+            while (nxt := self._next()) is not None:
+                number, overrides = nxt
+                ret = self.launcher.launch([overrides], initial_job_idx=number)[0]
+                self._tell(number, ret)
+        except BaseException as e:  # noqa: BLE001 - ended in the main thread
+            with self._lock:
+                self._stop = True
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                self._error = e
+
+    def _tell(self, number: int, ret: Any) -> None:
+        """Tell Optuna how trial `number`'s job ended (an interrupted one stays running)."""
+        from optuna.trial import TrialState
+
+        from distlab.launch import sweep_signals
+
+        status, results = _job_status(ret)
+        if status not in ("completed", "pruned") and sweep_signals.stopping():
+            status = "interrupted"  # stopped by the search's signal (or never started)
+        with self._lock:
+            if status == "interrupted":
+                log.info("trial %d: interrupted; rerun the search to resume it", number)
+                return
+            if status == "pruned":
+                pruned = results.get("pruned") or {}
+                log.info("trial %d: pruned at epoch %s (%s %s)", number, pruned.get("epoch"),
+                         pruned.get("metric"), pruned.get("value"))
+                self._study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
+            elif status == "completed" and (value := _value(ret)) is not None:
+                self._study.tell(number, value, skip_if_finished=True)
+            else:
+                if status == "completed":
                     self._no_value += 1
                     log.warning("trial %d: its job completed, but results.json has no %s "
                                 "(with a target: not reached); Optuna records the trial as "
-                                "failed", num, self._field)
-            return returns
+                                "failed", number, self._field)
+                else:
+                    log.warning("trial %d: its job %s; Optuna records the trial as failed",
+                                number, "failed" if status == "failed" else f"ended {status}")
+                self._study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+                self._failures += 1
+            self._finished += 1
+            if self._failures and self._failures / self._finished > self.max_failure_rate:
+                log.error("%d of %d finished trials failed (hydra.sweeper.max_failure_rate="
+                          "%s): no more trials start", self._failures, self._finished,
+                          self.max_failure_rate)
+                self._stop = True
 
-        launcher.launch = launch_and_explain
-        impl_log = logging.getLogger("hydra_plugins.hydra_optuna_sweeper._impl")
-        if _NO_VALUE_NOTE not in impl_log.filters:
-            impl_log.addFilter(_NO_VALUE_NOTE)
+    def _finish(self, study: Any) -> Any:
+        """optimization_results.yaml with the best trial; when none completed, the summary
+        and exit 1 with one line saying why."""
+        from optuna.trial import TrialState
 
-    def sweep(self, arguments: list[str]) -> Any:
-        _record_arguments(self._config, arguments)
-        try:
-            return super().sweep(arguments)
-        except ValueError as e:
-            if NO_COMPLETED_TRIAL not in str(e):
-                raise
-        from distlab.reporting.summary import SweepSummary
+        done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+        if not done:
+            from distlab.reporting.summary import SweepSummary
 
-        if self._no_value:
-            log.error("search failed: no trial gave a value for %s (%d job(s) completed "
-                      "without one; %s)", self._field, self._no_value, self._advice)
-        SweepSummary().on_multirun_end(self._config)  # failed jobs: this exits 1
-        raise SystemExit(1)
+            if self._no_value:
+                log.error("search failed: no trial gave a value for %s (%d job(s) completed "
+                          "without one; %s)", self._field, self._no_value, self._advice)
+            SweepSummary().on_multirun_end(self._config)  # failed jobs: this exits 1
+            raise SystemExit(1)
+        best = study.best_trial
+        log.info("Best parameters: %s", best.params)
+        log.info("Best value: %s", best.value)
+        OmegaConf.save(OmegaConf.create({"name": "optuna", "best_params": best.params,
+                                         "best_value": best.value, "best_trial": best.number,
+                                         "storage": self._location,
+                                         "study_name": study.study_name}),
+                       Path(self._sweep_dir) / "optimization_results.yaml")
+        return None
 
 
-def _job_completed(ret: Any) -> bool:
-    """Whether the job's results.json says it completed (a failed distlab job also returns
-    None, and says so in its own results.json; a refused one's results.json is the earlier
-    run's, and the sweep dir records the refusal)."""
-    from pathlib import Path
+def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Optuna distributions for the swept keys of `hydra.sweeper.params` and the command
+    line (Hydra's override grammar), and the fixed values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    given = [f"{k!s}={v}" for k, v in (params or {}).items()] + list(arguments)
+    space: dict[str, Any] = {}
+    fixed: dict[str, Any] = {}
+    for override in OverridesParser.create().parse_overrides(given):
+        key = override.get_key_element()
+        value = distribution(override)
+        if isinstance(value, str):
+            fixed[key] = value
+            space.pop(key, None)
+        else:
+            space[key] = value
+            fixed.pop(key, None)
+    return space, fixed
+
+
+def distribution(override: Any) -> Any:
+    """One override as an Optuna distribution (or its value, a string, when not a sweep)."""
+    from hydra.core.override_parser.types import Transformer
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if not override.is_sweep_override():
+        return override.get_value_element_as_str()
+    value = override.value()
+    if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
+        return CategoricalDistribution(list(override.sweep_iterator(
+            transformer=Transformer.encode)))
+    if override.is_range_sweep():  # range(start, stop, step): stop excluded, as in Hydra
+        step = value.step
+        if any(isinstance(v, float) for v in (value.start, value.stop, step)):
+            n = int((value.stop - value.start) / step - 1e-9)
+            return FloatDistribution(value.start, value.start + n * step, step=step)
+        last = value.start + ((int(value.stop) - 1 - int(value.start)) // int(step)) * int(step)
+        return IntDistribution(int(value.start), int(last), step=int(step))
+    if override.is_interval_sweep():
+        log_scale = "log" in value.tags
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return IntDistribution(value.start, value.end, log=log_scale)
+        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
+    raise NotImplementedError(f"{override.input_line}: not a search space Optuna can sample")
+
+
+def _instantiate(sampler: Any) -> Any:
+    """The sampler (`{_target_: optuna.samplers.X, ...}`, which Hydra may already have
+    built); None: Optuna's default."""
+    if sampler is None or not isinstance(sampler, (dict, DictConfig)):
+        return sampler
+    from hydra.utils import instantiate
+
+    return instantiate(sampler)
+
+
+def _job_status(ret: Any) -> tuple[str, dict[str, Any]]:
+    """How a trial's job ended, as its results.json says (completed, pruned, interrupted,
+    failed; `refused` for a run dir this sweep refused), and that record."""
     from distlab.launch import refusals
     from distlab.records.run_dir import RunDir
 
     try:
         run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
         if str(run_dir.resolve()) in refusals.read(str(ret.hydra_cfg.hydra.sweep.dir)):
-            return False
-        results = RunDir(run_dir).read_results()
-    except Exception:  # noqa: BLE001 - no readable results: not a completed job
-        return False
-    return bool(results) and results.get("status") == "completed"
+            return "refused", {}
+        results = RunDir(run_dir).read_results() or {}
+    except Exception:  # noqa: BLE001 - no readable results: the job did not finish
+        return "failed", {}
+    if _raised(ret):
+        return "failed", results
+    return str(results.get("status") or "failed"), results
+
+
+def _raised(ret: Any) -> bool:
+    from hydra.core.utils import JobStatus
+
+    return getattr(ret, "status", None) == JobStatus.FAILED
+
+
+def _value(ret: Any) -> float | None:
+    try:
+        value = ret.return_value
+        return None if value is None else float(value)
+    except Exception:  # noqa: BLE001 - a job that raised has no value
+        return None
 
 
 def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
@@ -140,8 +387,6 @@ def _objective_field(config: DictConfig) -> str:
 def _record_arguments(config: DictConfig, arguments: list[str]) -> None:
     """The sweep's command-line overrides, in the sweep dir, for a tracker to tell the swept
     keys (`distlab.tracking.session.swept_keys`; Hydra's basic sweeper has multirun.yaml)."""
-    from pathlib import Path
-
     from distlab.tracking.session import SWEEP_OVERRIDES
 
     path = Path(str(config.hydra.sweep.dir)) / SWEEP_OVERRIDES

@@ -89,6 +89,19 @@ OBJECTIVE: Rule = (
 
 
 @dataclass
+class SearchConfig:
+    """The Optuna trial a job of `hparams_search=optuna` runs: set by the sweeper, never by
+    hand (null outside a search). The job reports its validation objective to the trial at
+    each validated epoch and stops when the pruner says so."""
+
+    storage: str | None = None  # the study's journal file or database URL
+    study: str | None = None  # the study's name
+    trial: int | None = None  # the trial's number (= the job's number in the sweep)
+    pruner: str = "none"  # hydra.sweeper.pruner: none, median, successive_halving, hyperband
+    pruner_args: Any = None  # hydra.sweeper.pruner_args: the pruner's arguments
+
+
+@dataclass
 class Config:
     """The composed config: one option of each group, then the shared settings."""
 
@@ -118,6 +131,7 @@ class Config:
     # the results.json field returned to sweepers; null: the task's first validation metric
     # (val_accuracy for classification, val_mae for regression); never a test_ field
     objective: str | None = checked(None, OBJECTIVE)
+    search: SearchConfig = field(default_factory=SearchConfig)  # set by the Optuna sweeper
 
 
 # The schema of each group's options, by option: a group option's YAML starts with

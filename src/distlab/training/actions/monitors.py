@@ -21,7 +21,7 @@ from distlab.config.figures import check_watched
 from distlab.records.ranking import metric_direction
 
 log = logging.getLogger("distlab")
-STOP_REASONS = ("", "target", "early_stopping", "callback")  # append only: checkpointed
+STOP_REASONS = ("", "target", "early_stopping", "callback", "pruned")  # append only: checkpointed
 
 
 def direction(metric: str, mode: str, task: Task) -> str:
@@ -83,6 +83,11 @@ class Monitors:
 
     def _get(self, key: str) -> Any:
         return self.state[key].numpy().item()
+
+    @property
+    def stop_reason(self) -> str:
+        """Why training ended early ("" when it did not)."""
+        return STOP_REASONS[self._get("stop_reason")] if self.stopped else ""
 
     @property
     def stopped(self) -> bool:

@@ -1,0 +1,236 @@
+"""distlab's Optuna sweeper (`hparams_search=optuna`): the search space, the study stored in
+the sweep dir, a search killed mid-trial and resumed, and pruning in both loops with the
+basic and a process launcher. (test_sweep.py has the plain search and the all-failed one.)
+
+The pruning tests make pruning certain whatever the machine: the study is started with five
+finished trials whose every epoch scored val_accuracy 1.0 (Optuna's add_trial), so the
+median pruner (five startup trials) prunes the first real trial after its first epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, fast_overrides, run_cli
+from omegaconf import OmegaConf
+
+SHORT = ("trainer.epochs=2", "trainer.steps_per_epoch=2", "model=mlp", "model.hidden_units=[8]")
+SPACE = {"optimizer.learning_rate": (1e-4, 1e-2), "dataset.batch_size_per_replica": [32, 64]}
+
+
+def _study(sweep_dir: Path):
+    import optuna
+
+    from distlab.search import open_storage, storage_location
+
+    return optuna.load_study(study_name="distlab",
+                             storage=open_storage(storage_location(None, sweep_dir)))
+
+
+def _seed_study(sweep_dir: Path, trials: int = 5, epochs: int = 2) -> None:
+    """A study whose `trials` finished trials scored 1.0 at every epoch."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from distlab.search import open_storage, storage_location
+
+    study = optuna.create_study(study_name="distlab", direction="maximize",
+                                storage=open_storage(storage_location(None, sweep_dir)))
+    space = {"optimizer.learning_rate": FloatDistribution(1e-4, 1e-2, log=True),
+             "dataset.batch_size_per_replica": CategoricalDistribution([32, 64])}
+    for _ in range(trials):
+        study.add_trial(optuna.trial.create_trial(
+            params={"optimizer.learning_rate": 1e-3, "dataset.batch_size_per_replica": 64},
+            distributions=space, value=1.0,
+            intermediate_values={e: 1.0 for e in range(1, epochs + 1)}))
+
+
+def _results(job: Path) -> dict:
+    return json.loads((job / "results.json").read_text())
+
+
+def _search(data_dir: Path, sweep_dir: Path, *args: str):
+    space = 'hydra.sweeper.params={optimizer.learning_rate: "tag(log, interval(1e-4, 1e-2))",' \
+            ' dataset.batch_size_per_replica: "choice(32, 64)"}'
+    return run_cli(*fast_overrides(data_dir), *SHORT, "hparams_search=optuna", space,
+                   f"hydra.sweep.dir={sweep_dir}", *args, timeout=600)
+
+
+def _assert_pruned(job: Path) -> None:
+    results = _results(job)
+    assert results["status"] == "pruned", results
+    assert results["epochs_completed"] == 1 and results["stopped_early"] == {
+        "epoch": 1, "reason": "pruned"}, results
+    assert results["pruned"]["epoch"] == 1 and results["pruned"]["metric"] == "val_accuracy"
+    history = (job / "history.csv").read_text().splitlines()
+    assert len(history) == 2, history  # header + epoch 1: stopped at that epoch's end
+    assert results["pruned"]["value"] == pytest.approx(
+        float(history[1].split(",")[history[0].split(",").index("val_accuracy")]))
+    assert (job / "checkpoints" / "checkpoint").exists()
+
+
+# --------------------------------------------------------------------------- fast
+
+
+def test_search_space_in_hydras_override_grammar():
+    """What users write under hydra.sweeper.params, as Optuna distributions."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    from hydra_plugins.distlab_sweepers.optuna import search_space
+
+    space, fixed = search_space(
+        {"optimizer.learning_rate": "tag(log, interval(0.0001, 0.01))",
+         "dataset.batch_size_per_replica": "choice(32, 64, 128)",
+         "model.hidden_units": "range(8, 33, 8)", "trainer.epochs": "interval(1, 4)",
+         "optimizer.momentum": "interval(0.5, 0.9)", "schedule.name": "constant,cosine"},
+        ["seed=3", "loop.steps_per_call=1,2"])
+    assert space["optimizer.learning_rate"] == FloatDistribution(1e-4, 1e-2, log=True)
+    assert space["dataset.batch_size_per_replica"] == CategoricalDistribution([32, 64, 128])
+    assert space["model.hidden_units"] == IntDistribution(8, 32, step=8)
+    assert space["trainer.epochs"] == FloatDistribution(1, 4)  # Hydra: an interval is float
+    assert space["optimizer.momentum"] == FloatDistribution(0.5, 0.9)
+    assert space["schedule.name"] == CategoricalDistribution(["constant", "cosine"])
+    assert space["loop.steps_per_call"] == CategoricalDistribution([1, 2])
+    assert fixed == {"seed": "3"}
+
+
+def test_search_config_and_pruners():
+    from conftest import compose_once
+
+    from distlab.errors import ConfigError
+    from distlab.search import JOURNAL, build_pruner, storage_location
+
+    cfg = compose_once([])
+    assert cfg.search.trial is None and cfg.search.pruner == "none"  # outside a search
+    assert storage_location(None, "/s") == f"/s/{JOURNAL}"
+    assert storage_location("sqlite:///x.db", "/s") == "sqlite:///x.db"
+    assert type(build_pruner("median")).__name__ == "MedianPruner"
+    assert type(build_pruner("hyperband")).__name__ == "HyperbandPruner"
+    with pytest.raises(ConfigError, match="hydra.sweeper.pruner='mean' is not a pruner"):
+        build_pruner("mean")
+
+
+def test_a_pruned_run_is_finished_for_the_rerun_rules():
+    from conftest import compose_once
+
+    from distlab.config import training_diff
+    from distlab.launch.rerun import already_completed
+
+    cfg = compose_once(["trainer.epochs=3"])
+    pruned = {"mode": "train", "status": "pruned", "epochs_completed": 1,
+              "stopped_early": {"epoch": 1, "reason": "pruned"}}
+    assert already_completed(pruned, cfg)
+    assert not already_completed({**pruned, "status": "interrupted"}, cfg)
+    # the trial's storage is not what trains: a job resumes wherever the study is kept
+    before = OmegaConf.to_container(compose_once(["search.trial=2", "search.storage=/a"]))
+    after = OmegaConf.to_container(compose_once(["search.trial=2", "search.storage=/b"]))
+    assert training_diff(before, after) == []
+
+
+def test_the_search_config_selects_distlabs_sweeper():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", ["hparams_search=optuna"], return_hydra_config=True)
+    sweeper = cfg.hydra.sweeper
+    assert sweeper._target_ == "hydra_plugins.distlab_sweepers.optuna.DistlabOptunaSweeper"
+    assert (sweeper.pruner, sweeper.storage, sweeper.n_jobs) == ("median", None, 1)
+
+
+# --------------------------------------------------------------------------- slow
+
+
+@pytest.mark.slow
+def test_a_search_killed_in_its_third_trial_resumes(tiny_data_dir, tmp_path):
+    """Killed (SIGKILL) during trial 2's second epoch, then rerun: 4 trials in all, trials 0
+    and 1 untouched, trial 2 resumed in its own job dir with its parameters from its
+    checkpoint (each epoch trained once), trial 3 new."""
+    from conftest import processes
+
+    sweep = tmp_path / "search"
+    args = [*fast_overrides(tiny_data_dir), "trainer.epochs=2", "trainer.steps_per_epoch=3",
+            "model=mlp", "model.hidden_units=[8]", "hparams_search=optuna",
+            "hydra.sweeper.n_trials=4", "hydra.sweeper.pruner=none", f"hydra.sweep.dir={sweep}"]
+    proc = processes.Process(ROOT / "tests" / "gate.py", *args,
+                             env={"DISTLAB_TEST_STEP_SLEEP": "0.3"})
+    try:
+        marker = sweep / "2" / "checkpoints" / "checkpoint"  # trial 2 finished its epoch 1
+        deadline = time.monotonic() + 540
+        while not marker.exists():
+            assert proc.poll() is None, proc.output_so_far()[-3000:]
+            assert time.monotonic() < deadline, proc.output_so_far()[-3000:]
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(60)
+    assert not (sweep / "2" / "results.json").exists() or \
+        _results(sweep / "2")["status"] != "completed"
+    params = OmegaConf.load(sweep / "2" / ".hydra" / "overrides.yaml")
+    untouched = {n: (sweep / str(n) / "results.json").stat().st_mtime_ns for n in (0, 1)}
+
+    out = run_cli(*args, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "trial 2: relaunched with its parameters" in text, text[-3000:]
+    study = _study(sweep)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 4
+    assert OmegaConf.load(sweep / "2" / ".hydra" / "overrides.yaml") == params
+    assert f"optimizer.learning_rate={study.trials[2].params['optimizer.learning_rate']}" \
+        in params
+    for n in range(4):
+        results = _results(sweep / str(n))
+        assert results["status"] == "completed" and results["epochs_completed"] == 2
+        epochs = [line.split(",")[0] for line in
+                  (sweep / str(n) / "history.csv").read_text().splitlines()[1:]]
+        assert epochs == ["1", "2"], (n, epochs)  # no epoch trained twice
+    assert {n: (sweep / str(n) / "results.json").stat().st_mtime_ns for n in (0, 1)} == untouched
+    assert not (sweep / "4").exists()
+
+
+@pytest.mark.slow
+def test_pruning_keras_fit_basic_launcher_with_mlflow(tiny_data_dir, tmp_path):
+    """keras_fit, in-process trials: the first real trial is pruned after epoch 1 (checkpoint,
+    results.json pruned), Optuna has it PRUNED, the summary lists it, MLflow tags it."""
+    sweep = tmp_path / "search"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _seed_study(sweep)
+    out = _search(tiny_data_dir, sweep, "loop=keras_fit", "hydra.sweeper.n_trials=6",
+                  "hydra.sweeper.pruner=median", "logger=mlflow", f"logger.tracking_uri={store}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "trial 5 pruned at epoch 1" in text and "Traceback" not in text, text[-3000:]
+    _assert_pruned(sweep / "5")
+    assert [t.state.name for t in _study(sweep).trials] == ["COMPLETE"] * 5 + ["PRUNED"]
+    assert "| pruned |" in (sweep / "summary.md").read_text()
+    assert "0 completed, 0 failed, 1 pruned" in text, text[-3000:]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("distlab").experiment_id])
+    job = [r for r in runs if "distlab.sweep_dir" not in r.data.tags]
+    assert len(job) == 1 and job[0].data.tags.get("pruned") == "true", job
+    assert job[0].info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_pruning_custom_loop_joblib_two_trials_at_once(tiny_data_dir, tmp_path):
+    """The custom loop in joblib's processes, two trials at once (n_jobs=2): both pruned
+    after epoch 1, each by its own job reporting to the journal in the sweep dir."""
+    sweep = tmp_path / "search"
+    _seed_study(sweep)
+    out = _search(tiny_data_dir, sweep, "loop=custom", "hydra/launcher=joblib",
+                  "hydra.launcher.n_jobs=2", "hydra.sweeper.n_jobs=2",
+                  "hydra.sweeper.n_trials=7", "hydra.sweeper.pruner=median")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    for n in (5, 6):
+        _assert_pruned(sweep / str(n))
+    assert [t.state.name for t in _study(sweep).trials] == ["COMPLETE"] * 5 + ["PRUNED"] * 2
+    assert "2 jobs: 0 completed, 0 failed, 2 pruned" in (sweep / "summary.md").read_text()

@@ -90,8 +90,10 @@ def test_repeats_are_ranked_on_the_validation_mean_with_intervals(tmp_path):
     num = 0
     for lr in ("1e-3", "3e-3"):
         for seed in range(3):
+            # the search.* keys distlab's Optuna sweeper sets on each trial are no setting
             _fake_job(tmp_path, num, [f"seed={seed}", f"optimizer.learning_rate={lr}",
-                                      "loop=custom"],
+                                      "loop=custom", f"search.trial={num}",
+                                      f"search.storage={tmp_path}/optuna.journal"],
                       {"status": "completed", "objective": "val_accuracy",
                        "objective_direction": "maximize", "val_accuracy": val[lr][seed],
                        "val_loss": 1 - val[lr][seed], "test_accuracy": test[lr][seed],
@@ -113,6 +115,7 @@ def test_repeats_are_ranked_on_the_validation_mean_with_intervals(tmp_path):
     assert float(groups[1]["test_accuracy_mean"]) == pytest.approx(0.9)
     assert float(best["train_examples_per_sec_mean"]) == pytest.approx(1010.0)
     assert "optimizer.learning_rate" in best and "seed" not in best
+    assert "search" not in (tmp_path / "summary.md").read_text()
 
     md = (tmp_path / "summary.md").read_text()
     assert ("Best configuration (chosen on the mean `val_accuracy` over its seeds, "

@@ -75,7 +75,7 @@ def find_jobs(sweep_dir: str | Path) -> list[Job]:
         overrides_yaml = hydra_yaml.parent / "overrides.yaml"
         overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []
         job = Job(num=_job_num(hydra_yaml, path), path=path,
-                  overrides=[str(o) for o in overrides],
+                  overrides=[str(o) for o in overrides if not _internal(str(o))],
                   results=RunDir(path).read_results() or {})
         if (refusal := refused.get(str(path.resolve()))) is not None:
             job.refused = True
@@ -90,6 +90,15 @@ def _job_num(hydra_yaml: Path, path: Path) -> int:
     if isinstance(num, int):
         return num
     return int(path.name) if path.name.isdigit() else -1
+
+
+INTERNAL_PREFIX = "search."  # distlab's Optuna sweeper: the job's trial
+
+
+def _internal(override: str) -> bool:
+    """An override the sweeper sets for its own use (`search.*`: the trial's storage, study
+    and number), not a setting the user chose: no column, no group key."""
+    return override.lstrip("+~").startswith(INTERNAL_PREFIX)
 
 
 def override_values(overrides: Sequence[str]) -> dict[str, str]:

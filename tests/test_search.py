@@ -234,3 +234,43 @@ def test_pruning_custom_loop_joblib_two_trials_at_once(tiny_data_dir, tmp_path):
         _assert_pruned(sweep / str(n))
     assert [t.state.name for t in _study(sweep).trials] == ["COMPLETE"] * 5 + ["PRUNED"] * 2
     assert "2 jobs: 0 completed, 0 failed, 2 pruned" in (sweep / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_repeats_run_each_trial_with_its_seeds_and_tell_optuna_the_mean(tiny_data_dir,
+                                                                        tmp_path):
+    """`hydra.sweeper.repeats=2`: trial N runs as jobs 2N and 2N+1 with seeds 7 and 8 (the
+    command's seed=7 the first), Optuna gets the mean of their val_accuracy, the summary
+    groups each trial's two jobs, and a pruner is off (one line)."""
+    sweep = tmp_path / "search"
+    out = _search(tiny_data_dir, sweep, "loop=custom", "seed=7", "hydra.sweeper.n_trials=2",
+                  "hydra.sweeper.repeats=2", "hydra.sweeper.pruner=median")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "pruning is off with hydra.sweeper.repeats=2" in text, text[-3000:]
+    trials = _study(sweep).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 2
+    for trial in trials:
+        jobs = [sweep / str(2 * trial.number + k) for k in range(2)]
+        seeds = [OmegaConf.load(j / ".hydra/config.yaml").seed for j in jobs]
+        assert seeds == [7, 8], seeds
+        values = [_results(j)["val_accuracy"] for j in jobs]
+        assert trial.value == pytest.approx(sum(values) / 2), (trial.value, values)
+        assert {_results(j)["status"] for j in jobs} == {"completed"}
+        params = [OmegaConf.load(j / ".hydra/config.yaml").optimizer.learning_rate
+                  for j in jobs]
+        assert params[0] == params[1] == pytest.approx(
+            trials[trial.number].params["optimizer.learning_rate"])
+    groups = (sweep / "summary_groups.csv").read_text().splitlines()
+    assert len(groups) == 3 and all(",2,7 8," in g for g in groups[1:]), groups
+
+
+def test_repeats_refuse_a_searched_seed_and_a_bad_count(tmp_path):
+    seeds = "seed=choice(1,2)"
+    for i, bad in enumerate((["hydra.sweeper.repeats=0"], ["hydra.sweeper.repeats=two"],
+                             ["hydra.sweeper.repeats=2", seeds])):
+        out = run_cli("hparams_search=optuna", *bad, "hydra.sweeper.n_trials=1",
+                      f"hydra.sweep.dir={tmp_path / str(i)}", timeout=120)
+        text = out.stdout + out.stderr
+        assert out.returncode == 2 and "hydra.sweeper.repeats" in text, text[-2000:]
+        assert "Traceback" not in text and not (tmp_path / str(i) / "0").exists(), text[-2000:]

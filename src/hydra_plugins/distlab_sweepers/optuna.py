@@ -7,9 +7,11 @@ study lives in the sweep directory, so that a search resumes, and whose jobs can
 - `direction: auto` takes the study's direction from the objective
   (`distlab.records.ranking`); a search whose jobs would report no objective is refused in
   one line before any trial.
-- Trial N runs as job N (`hydra.sweep.dir/N`). With `n_jobs > 1` (a process launcher:
-  joblib, submitit) n_jobs threads each launch one trial at a time, so a new trial starts as
-  soon as one ends. The basic launcher runs its trials one by one in this process.
+- Trial N runs as job N (`hydra.sweep.dir/N`); with `repeats: R` as the R jobs N*R ..
+  N*R+R-1 with seeds seed .. seed+R-1, its value their mean (pruning is then off). With
+  `n_jobs > 1` (a process launcher: joblib, submitit) n_jobs threads each launch one trial at
+  a time, so a new trial starts as soon as one ends. The basic launcher runs its trials one
+  by one in this process.
 - Each job gets its trial as `search.*` keys; the Controller reports the validation figure
   of the objective at each validated epoch and stops a trial the pruner prunes
   (results.json `status: pruned`); the sweeper then tells Optuna the trial is PRUNED.
@@ -52,6 +54,7 @@ SWEEPER_DEFAULTS = {
     "max_failure_rate": 1.0,  # stop starting trials when more of them failed
     "pruner": "none",  # none, median, successive_halving, hyperband
     "pruner_args": None,  # the pruner's keyword arguments, e.g. {n_startup_trials: 3}
+    "repeats": 1,  # jobs per trial, seeds seed..seed+repeats-1; the trial's value: their mean
     "sampler": {"_target_": "optuna.samplers.TPESampler"},
     "params": None,  # {key: search space in Hydra's override grammar}
 }
@@ -65,11 +68,12 @@ class DistlabOptunaSweeper(Sweeper):
     def __init__(self, sampler: Any = None, direction: str = AUTO,
                  storage: str | None = None, study_name: str = "distlab", n_trials: int = 20,
                  n_jobs: int = 1, max_failure_rate: float = 1.0, pruner: str = "none",
-                 pruner_args: Any = None, params: Any = None, **_: Any) -> None:
+                 pruner_args: Any = None, params: Any = None, repeats: int = 1,
+                 **_: Any) -> None:
         self.sampler_cfg, self.direction, self.storage = sampler, direction, storage
         self.study_name, self.n_trials, self.n_jobs = study_name, int(n_trials), int(n_jobs)
         self.max_failure_rate, self.pruner = float(max_failure_rate), str(pruner or "none")
-        self.params = params
+        self.params, self.repeats = params, repeats
         self.pruner_args = {str(k): v for k, v in dict(pruner_args or {}).items()}
         self._lock = threading.Lock()
 
@@ -97,12 +101,22 @@ class DistlabOptunaSweeper(Sweeper):
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ConfigError("hydra.sweeper.max_failure_rate must be between 0 and 1")
         build_pruner(self.pruner, self.pruner_args)  # a bad name or argument: one line now
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) \
+                or self.repeats < 1:
+            raise ConfigError(f"hydra.sweeper.repeats={self.repeats!r}: give the number of "
+                              "seeds each trial runs (1 or more)")
+        self._seed = int(job_cfg.get("seed") or 0)
         self._advice = _advice(job_cfg, higher)
         self._field = _objective_field(config)
         self._objective = str(job_cfg.get("objective") or "")
         if self.pruner != "none" and not self._objective.startswith("val_"):
             log.info("hydra.sweeper.pruner=%s: pruning is off, the objective %s is not a "
                      "validation figure", self.pruner, self._field)
+            self.pruner = "none"
+        if self.pruner != "none" and self.repeats > 1:
+            log.info("hydra.sweeper.pruner=%s: pruning is off with hydra.sweeper.repeats=%d "
+                     "(a trial's value is the mean over its seeds, one seed's learning curve "
+                     "does not decide it)", self.pruner, self.repeats)
             self.pruner = "none"
         self.launcher = Plugins.instance().instantiate_launcher(
             config=config, hydra_context=hydra_context, task_function=task_function)
@@ -118,6 +132,13 @@ class DistlabOptunaSweeper(Sweeper):
 
         _record_arguments(self._config, arguments)
         space, fixed = search_space(self.params, arguments)
+        if self.repeats > 1 and "seed" in space:
+            from distlab.errors import ConfigError
+
+            raise ConfigError("hydra.sweeper.repeats runs each trial with seeds seed.."
+                              "seed+repeats-1: do not search over seed as well")
+        if self.repeats > 1 and "seed" in fixed:
+            self._seed = int(fixed.pop("seed"))
         self._space, self._fixed = space, fixed
         self._location = storage_location(self.storage, self._sweep_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -134,6 +155,14 @@ class DistlabOptunaSweeper(Sweeper):
                               f"this search would {self.direction} {self._field}: use "
                               "another hydra.sweep.dir or hydra.sweeper.study_name")
         self._study = study
+        if study.user_attrs.get("repeats", self.repeats) != self.repeats:
+            from distlab.errors import ConfigError
+
+            raise ConfigError(f"the study {self.study_name!r} in {self._location} ran "
+                              f"{study.user_attrs['repeats']} job(s) per trial; this search "
+                              f"sets hydra.sweeper.repeats={self.repeats}: keep it, or use "
+                              "another hydra.sweep.dir")
+        study.set_user_attr("repeats", self.repeats)
         trials = study.get_trials(deepcopy=False)
         self._pending = [t.number for t in trials
                          if t.state == optuna.trial.TrialState.RUNNING]  # interrupted: rerun
@@ -182,12 +211,19 @@ class DistlabOptunaSweeper(Sweeper):
                 number = self._pending.pop(0)
                 frozen = self._study.get_trials(deepcopy=False)[number]
                 log.info("trial %d: relaunched with its parameters (its job resumes)", number)
-                return number, self._overrides(number, frozen.params)
+                return number, self._jobs(number, frozen.params)
             if self._planned <= 0:
                 return None
             self._planned -= 1
             trial = self._study.ask(self._space)
-            return trial.number, self._overrides(trial.number, trial.params)
+            return trial.number, self._jobs(trial.number, trial.params)
+
+    def _jobs(self, number: int, params: dict[str, Any]) -> list[list[str]]:
+        """The overrides of trial `number`'s jobs: one, or one per seed with repeats."""
+        if self.repeats == 1:
+            return [self._overrides(number, params)]
+        return [[f"seed={self._seed + k}", *self._overrides(number, params)]
+                for k in range(self.repeats)]
 
     def _overrides(self, number: int, params: dict[str, Any]) -> list[str]:
         pairs = {**{k: v for k, v in params.items()}, **self._fixed}
@@ -201,9 +237,9 @@ class DistlabOptunaSweeper(Sweeper):
         """Launch trials one at a time until none is left (one worker thread, or the main)."""
         try:
             while (nxt := self._next()) is not None:
-                number, overrides = nxt
-                ret = self.launcher.launch([overrides], initial_job_idx=number)[0]
-                self._tell(number, ret)
+                number, jobs = nxt
+                rets = self.launcher.launch(jobs, initial_job_idx=number * self.repeats)
+                self._tell(number, list(rets))
         except BaseException as e:  # noqa: BLE001 - ended in the main thread
             with self._lock:
                 self._stop = True
@@ -211,15 +247,26 @@ class DistlabOptunaSweeper(Sweeper):
                     raise
                 self._error = e
 
-    def _tell(self, number: int, ret: Any) -> None:
-        """Tell Optuna how trial `number`'s job ended (an interrupted one stays running)."""
+    def _tell(self, number: int, rets: list[Any]) -> None:
+        """Tell Optuna how trial `number`'s jobs ended (an interrupted one stays running):
+        with repeats, the mean of the values its jobs gave."""
         from optuna.trial import TrialState
 
         from distlab.launch import sweep_signals
 
-        status, results = _job_status(ret)
-        if status not in ("completed", "pruned") and sweep_signals.stopping():
-            status = "interrupted"  # stopped by the search's signal (or never started)
+        ended = [_job_status(ret) for ret in rets]
+        statuses = [s if s in ("completed", "pruned") or not sweep_signals.stopping()
+                    else "interrupted"  # stopped by the search's signal (or never started)
+                    for s, _ in ended]
+        values = [v for s, ret in zip(statuses, rets, strict=True)
+                  if s == "completed" and (v := _value(ret)) is not None]
+        status, results = ended[0]
+        status = ("interrupted" if "interrupted" in statuses else
+                  "completed" if values else statuses[0])
+        if len(rets) > 1 and values and len(values) < len(rets):
+            log.warning("trial %d: %d of its %d seeds gave no %s; its value is the mean of "
+                        "the other %d", number, len(rets) - len(values), len(rets),
+                        self._field, len(values))
         with self._lock:
             if status == "interrupted":
                 log.info("trial %d: interrupted; rerun the search to resume it", number)
@@ -229,8 +276,8 @@ class DistlabOptunaSweeper(Sweeper):
                 log.info("trial %d: pruned at epoch %s (%s %s)", number, pruned.get("epoch"),
                          pruned.get("metric"), pruned.get("value"))
                 self._study.tell(number, state=TrialState.PRUNED, skip_if_finished=True)
-            elif status == "completed" and (value := _value(ret)) is not None:
-                self._study.tell(number, value, skip_if_finished=True)
+            elif status == "completed" and values:
+                self._study.tell(number, sum(values) / len(values), skip_if_finished=True)
             else:
                 if status == "completed":
                     self._no_value += 1

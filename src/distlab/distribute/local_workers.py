@@ -68,15 +68,54 @@ def tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:]) or "(nothing)"
 
 
-def _die_with_parent() -> None:
-    """In a worker before it runs (Linux): SIGTERM when the launcher dies (kill -9 of the
-    launcher, a lost terminal), so that the workers checkpoint and stop with it."""
-    try:
-        import ctypes
+def _die_with(signum: int):
+    """A preexec_fn (Linux): the worker gets `signum` when the process that started it dies
+    (kill -9 of the launcher, a lost terminal: SIGTERM, so the workers checkpoint and stop
+    with it; a killed Ray actor: SIGKILL, the worker dies with it)."""
+    def preexec() -> None:
+        try:
+            import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+            ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    return preexec
+
+
+def start_worker(command: Sequence[str], env: dict[str, str], log: Path, echo: bool = False,
+                 cwd: str | None = None, parent_death: int = signal.SIGTERM
+                 ) -> tuple[subprocess.Popen, list[threading.Thread]]:
+    """One worker process (its own session: a terminal's Ctrl-C reaches the launcher only),
+    its output appended to `log`; `echo`: also to this process's stdout/stderr (the threads
+    that copy it are returned)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    options = {"env": env, "stdin": subprocess.DEVNULL, "start_new_session": True,
+               "preexec_fn": _die_with(parent_death), "cwd": cwd}
+    if not echo:
+        with open(log, "ab") as out:
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                    **options), []
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+    sink = open(log, "ab")  # noqa: SIM115 - closed by the last echo thread
+    lock, done = threading.Lock(), []
+
+    def copy(pipe: IO[bytes], to: IO[str]) -> None:
+        for line in iter(pipe.readline, b""):
+            with lock:
+                sink.write(line)
+                sink.flush()
+            to.write(line.decode(errors="replace"))
+            to.flush()
+        with lock:
+            done.append(pipe)
+            if len(done) == 2:
+                sink.close()
+
+    threads = [threading.Thread(target=copy, args=(pipe, to), daemon=True)
+               for pipe, to in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))]
+    for thread in threads:
+        thread.start()
+    return proc, threads
 
 
 @dataclass
@@ -88,13 +127,16 @@ class Failure:
     code: int | None  # None: still running at expiry
     log: Path
     expired: bool = False
+    reason: str | None = None  # what ended it, when not its exit status
+
 
     def line(self, cluster: Sequence[str]) -> str:
         who = f"worker {self.index} ({cluster[self.index]})"
         if self.expired:
             return (f"{who} still ran at the expiry and was killed; its last lines: "
                     f"{tail(self.log)} (log: {self.log})")
-        return (f"{who} ended with status {status_text(self.code or 0)}; its last lines: "
+        what = self.reason or f"ended with status {status_text(self.code or 0)}"
+        return (f"{who} {what}; its last lines: "
                 f"{tail(self.log)} (log: {self.log})")
 
 
@@ -119,43 +161,11 @@ class LocalWorkers:
         workers = cls(cluster, [Path(p) for p in logs])
         base = {**os.environ, **(env or {}), "PYTHONPATH": source_path()}
         for index, command in enumerate(commands):
-            worker_env = {**base, "TF_CONFIG": tf_config(cluster, index)}
-            workers.logs[index].parent.mkdir(parents=True, exist_ok=True)
-            if index == 0 and echo_chief:
-                workers.procs.append(workers._start_echoed(command, worker_env))
-                continue
-            with open(workers.logs[index], "ab") as out:
-                workers.procs.append(subprocess.Popen(
-                    command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=worker_env, start_new_session=True, preexec_fn=_die_with_parent))
+            proc, threads = start_worker(command, {**base, "TF_CONFIG": tf_config(cluster, index)},
+                                         workers.logs[index], echo=echo_chief and index == 0)
+            workers.procs.append(proc)
+            workers._echo += threads
         return workers
-
-    def _start_echoed(self, command: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent)
-        log = open(self.logs[0], "ab")  # noqa: SIM115 - closed by the last echo thread
-        lock = threading.Lock()
-        done = []
-
-        def echo(pipe: IO[bytes], to: IO[str]) -> None:
-            for line in iter(pipe.readline, b""):
-                with lock:
-                    log.write(line)
-                    log.flush()
-                to.buffer.write(line) if hasattr(to, "buffer") else to.write(
-                    line.decode(errors="replace"))
-                to.flush()
-            with lock:
-                done.append(pipe)
-                if len(done) == 2:
-                    log.close()
-
-        for pipe, to in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
-            thread = threading.Thread(target=echo, args=(pipe, to), daemon=True)
-            thread.start()
-            self._echo.append(thread)
-        return proc
 
     def wait(self, timeout: float | None = None, grace_s: float = GRACE_S) -> Failure | None:
         """Wait for every worker's end (SIGTERM/SIGINT meanwhile forwarded to all of them);

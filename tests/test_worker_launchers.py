@@ -173,3 +173,108 @@ def test_sigterm_to_the_launcher_checkpoints_every_worker(tiny_data_dir, tmp_pat
     resumed = _results(run_dir)
     assert resumed["epochs_completed"] == 2
     assert resumed["test_loss"] == pytest.approx(reference("keras_fit"), abs=1e-6)
+
+
+# ---- strategy.launcher=ray, and sweeps on hydra/launcher=ray, on one local Ray instance
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """A local Ray instance (2 CPUs, no token) shared by this module's Ray tests: its
+    address, which each launcher joins (strategy.ray.address)."""
+    ray = pytest.importorskip("ray")
+    saved = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved
+
+
+def _on_ray(address: str) -> tuple[str, ...]:
+    return ("strategy.launcher=ray", f"strategy.ray.address={address}")
+
+
+def test_ray_missing_is_one_line_naming_the_extra(tmp_path):
+    """Without Ray (a `ray` module that cannot be imported): one line, before TensorFlow."""
+    fake = tmp_path / "no_ray"
+    (fake / "ray").mkdir(parents=True)
+    (fake / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
+    code = (f"import sys; sys.path.insert(0, {str(fake)!r}); import runpy; "
+            f"sys.argv = ['run.py', *{list(LAUNCH)!r}, 'strategy.launcher=ray', "
+            f"'hydra.run.dir={tmp_path / 'run'}']\n"
+            "try:\n    runpy.run_path('run.py', run_name='__main__')\n"
+            "except SystemExit as e:\n    status = e.code\n"
+            "print('TF' if 'tensorflow' in sys.modules else 'NO_TF', file=sys.stderr)\n"
+            "sys.exit(status)\n")
+    out = subprocess.run([processes.sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == "NO_TF" and len(lines) == 2, out.stderr
+    assert "distlab[ray]" in lines[0] and lines[0].startswith("error: ")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
+def test_ray_workers_train_like_one_process(loop, tiny_data_dir, tmp_path, reference,
+                                            ray_address):
+    run_dir = tmp_path / "run"
+    launcher = _launch(run_dir, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
+                       *_on_ray(ray_address))
+    out = _finish(launcher)
+    assert launcher.returncode == 0, out[-3000:]
+    results = _results(run_dir)
+    assert results["num_replicas"] == 2
+    assert results["test_loss"] == pytest.approx(reference(loop), abs=1e-6)
+    assert "test_loss" in (run_dir / "workers" / "worker0.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_killed_ray_actor_ends_the_run_and_the_rerun_resumes(tiny_data_dir, tmp_path,
+                                                               reference, ray_address):
+    """Worker 1's actor killed mid-epoch 2 (its process dies with it): the chief stops
+    within seconds, one line from the driver naming the actor; the rerun resumes exactly."""
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    args = (*fast_overrides(tiny_data_dir), *RUN, "loop=custom", *GATED, *_on_ray(ray_address))
+    launcher = _launch(run_dir, *args, gate=gate)
+    _, worker1 = _held(launcher, gate)
+    actor = int(Path(f"/proc/{worker1}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    os.kill(actor, signal.SIGKILL)  # the actor's process (its parent)
+    (gate / "released").write_text("")
+    out = _finish(launcher)
+    assert launcher.returncode == 3, out[-3000:]  # the chief's: a lost worker
+    [line] = [ln for ln in out.splitlines() if "died with its Ray actor" in ln]
+    assert line.startswith("error: worker 1 (") and "Rerun the same command" in line
+    assert "ckpt-20" in (run_dir / "checkpoints" / "checkpoint").read_text()
+
+    rerun = _launch(run_dir, *args)
+    out = _finish(rerun)
+    assert rerun.returncode == 0, out[-3000:]
+    assert _results(run_dir)["test_loss"] == pytest.approx(reference("custom"), abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_sweep_on_the_ray_launcher_with_its_summary(tiny_data_dir, tmp_path, ray_address):
+    """hydra/launcher=ray: each job a Ray task (one CPU each), the sweep's summary."""
+    sweep = tmp_path / "sweep"
+    proc = processes.Process(
+        "run.py", "-m", "hydra/launcher=ray", f"hydra.launcher.ray.init.address={ray_address}",
+        "+hydra.launcher.ray.init.object_store_memory=null",
+        "+hydra.launcher.ray.remote.num_cpus=1", "seed=1,2", "strategy=default",
+        "trainer.epochs=1", "trainer.steps_per_epoch=3", *fast_overrides(tiny_data_dir)[2:],
+        f"dataset.data_dir={tiny_data_dir}", f"hydra.sweep.dir={sweep}")
+    out = _finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    summary = (sweep / "summary.csv").read_text().splitlines()
+    assert len(summary) == 3, summary  # a header and one row per job
+    for job in ("0", "1"):
+        assert _results(sweep / job)["status"] == "completed"

@@ -225,3 +225,30 @@ class LocalWorkers:
     @property
     def codes(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
+
+
+def worker_logs(run_dir: Path, n: int) -> list[Path]:
+    """Where each worker's output is kept: the run dir's workers/worker<i>.log."""
+    return [run_dir / "workers" / f"worker{i}.log" for i in range(n)]
+
+
+def program() -> list[str]:
+    """This command's program, as a worker runs it (`python run.py`, the `distlab` script)."""
+    script = sys.argv[0]
+    if script in ("-c", "") or not Path(script).exists():
+        return [sys.executable, "-m", "distlab"]
+    return [sys.executable, str(Path(script).resolve())]
+
+
+def ending(codes: list[int | None], failure, cluster: list[str], signalled: bool) -> int:
+    """The launcher's exit status, and its one line when a non-chief worker failed (the
+    chief reports its own failures and interruptions)."""
+    chief = codes[0]
+    if failure is not None and failure.index != 0 and not signalled:
+        print(f"error: {failure.line(cluster)}; the other workers were stopped. Rerun the "
+              "same command to resume from the chief's latest checkpoint", file=sys.stderr)
+    if chief:
+        return exit_status(chief)
+    if failure is not None:
+        return 1 if failure.code is None else exit_status(failure.code)
+    return 0

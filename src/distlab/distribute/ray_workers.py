@@ -92,7 +92,7 @@ def launch(cfg: DictConfig, run_dir: Path, arguments: Callable[[Path, int], list
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from distlab.launch.workers import ending, program, worker_logs
+    from distlab.distribute.local_workers import ending, program, worker_logs
 
     settings, n = cfg.strategy.ray, cfg.strategy.workers
     timeout = cfg.strategy.connect_timeout_s

@@ -34,11 +34,6 @@ def launches(cfg: DictConfig) -> bool:
             and (workers > 1 or strategy.get("launcher") == "ray"))
 
 
-def worker_logs(run_dir: Path, n: int) -> list[Path]:
-    """Where each worker's output is kept: the run dir's workers/worker<i>.log."""
-    return [run_dir / "workers" / f"worker{i}.log" for i in range(n)]
-
-
 def worker_arguments(run_dir: Path, index: int, argv: list[str] | None = None) -> list[str]:
     """The command line's arguments (after the program) for worker `index`: this command's,
     with the chief's run dir (a non-chief writes what Hydra writes next to its log)."""
@@ -46,14 +41,6 @@ def worker_arguments(run_dir: Path, index: int, argv: list[str] | None = None) -
             if not a.lstrip("+").startswith("hydra.run.dir=")]
     where = run_dir if index == 0 else run_dir / "workers" / "worker"
     return [*args, f"hydra.run.dir={where}"]
-
-
-def program() -> list[str]:
-    """This command's program, as a worker runs it (`python run.py`, the `distlab` script)."""
-    script = sys.argv[0]
-    if script in ("-c", "") or not Path(script).exists():
-        return [sys.executable, "-m", "distlab"]
-    return [sys.executable, str(Path(script).resolve())]
 
 
 def launch(cfg: DictConfig, output_dir: str) -> int:
@@ -75,7 +62,7 @@ def launch(cfg: DictConfig, output_dir: str) -> int:
 
 
 def _launch_local(n: int, run_dir: Path) -> int:
-    from distlab.distribute.local_workers import LocalWorkers
+    from distlab.distribute.local_workers import LocalWorkers, ending, program, worker_logs
 
     logs = worker_logs(run_dir, n)
     commands = [[*program(), *worker_arguments(run_dir, i)] for i in range(n)]
@@ -84,19 +71,3 @@ def _launch_local(n: int, run_dir: Path) -> int:
              "worker's log is in %s", n, ", ".join(workers.cluster), logs[0].parent)
     failure = workers.wait()
     return ending(workers.codes, failure, workers.cluster, workers.signalled is not None)
-
-
-def ending(codes: list[int | None], failure, cluster: list[str], signalled: bool) -> int:
-    """The launcher's exit status, and its one line when a non-chief worker failed (the
-    chief reports its own failures and interruptions)."""
-    from distlab.distribute.local_workers import exit_status
-
-    chief = codes[0]
-    if failure is not None and failure.index != 0 and not signalled:
-        print(f"error: {failure.line(cluster)}; the other workers were stopped. Rerun the "
-              "same command to resume from the chief's latest checkpoint", file=sys.stderr)
-    if chief:
-        return exit_status(chief)
-    if failure is not None:
-        return 1 if failure.code is None else exit_status(failure.code)
-    return 0

@@ -88,6 +88,24 @@ def test_a_launcher_without_tensorflow_ends_with_its_chiefs_refusal(tmp_path):
     assert "no_such_module_here" in out.stdout  # the chief's line, echoed
 
 
+@pytest.mark.parametrize("run_dir", ["/tmp/plain-1/x", "/tmp/a b", "/tmp/it's,x=[1]",
+                                     "C:\\a b\\"])
+def test_each_worker_gets_the_command_with_the_chiefs_run_dir(run_dir):
+    """The command's arguments, its own run dir replaced by the chief's (quoted for Hydra);
+    a non-chief's Hydra files under the chief's workers/."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from distlab.launch.workers import worker_arguments
+
+    argv = ["strategy.workers=2", "hydra.run.dir=elsewhere", "seed=3"]
+    parser = OverridesParser.create()
+    for index, expected in ((0, run_dir), (1, str(Path(run_dir) / "workers" / "worker"))):
+        *kept, last = worker_arguments(Path(run_dir), index, argv)
+        assert kept == ["strategy.workers=2", "seed=3"]
+        override = parser.parse_override(last)
+        assert override.key_or_group == "hydra.run.dir" and override.value() == expected
+
+
 def test_strategy_workers_must_match_tf_config(monkeypatch, run_inprocess):
     """Hand-written TF_CONFIG with another strategy.workers: one line, nothing trained."""
     from conftest import runner_refused

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -40,7 +41,16 @@ def worker_arguments(run_dir: Path, index: int, argv: list[str] | None = None) -
     args = [a for a in (sys.argv[1:] if argv is None else argv)
             if not a.lstrip("+").startswith("hydra.run.dir=")]
     where = run_dir if index == 0 else run_dir / "workers" / "worker"
-    return [*args, f"hydra.run.dir={where}"]
+    return [*args, f"hydra.run.dir={quoted(str(where))}"]
+
+
+def quoted(value: str) -> str:
+    """`value` as a Hydra override's value: as is when plain, else single-quoted."""
+    if re.fullmatch(r"[\w./~:+@%-]+", value):
+        return value
+    # Hydra unescapes only the backslashes before a quote (or the closing one)
+    escaped = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+    return "'" + escaped.replace("'", "\\'") + "'"
 
 
 def launch(cfg: DictConfig, output_dir: str) -> int:

@@ -8,7 +8,8 @@ port; the driver builds every worker's TF_CONFIG from them; each actor then star
 `distlab` command as a process with its TF_CONFIG in its environment (so TensorFlow is
 imported after it is set, and Ray's CUDA_VISIBLE_DEVICES: each worker sees only its own
 GPUs), its output in `<run dir>/workers/worker<i>.log` on its node (the chief's also sent to
-the driver). The driver collects the statuses: a worker that fails or an actor that dies
+the driver; the driver's DISTLAB_*, TFDS_*, TF_*, KERAS_* and MLFLOW_* variables are set on
+every worker). The driver collects the statuses: a worker that fails or an actor that dies
 ends the others (`local_workers.GRACE_S` to end by themselves, then their actors are
 killed, and with them their processes) with one line; SIGTERM/SIGINT to the driver is sent on
 to every worker as SIGTERM (TensorFlow's coordinated preemption). The run dir is the chief's,
@@ -34,6 +35,7 @@ from distlab.errors import DistlabError
 log = logging.getLogger("distlab")
 PLACEMENT = {"spread": "SPREAD", "pack": "PACK"}
 POLL_S = 0.5
+FORWARDED = ("DISTLAB_", "TFDS_", "TF_", "KERAS_", "MLFLOW_")  # forwarded_env's prefixes
 DIED = -1000  # a worker whose actor died (its process with it)
 
 
@@ -86,6 +88,14 @@ class WorkerActor:
             self.proc.send_signal(signum)
 
 
+def forwarded_env() -> dict[str, str]:
+    """The driver's environment variables that a worker needs too (Ray starts actors with the
+    environment of the node's Ray, not the driver's): distlab's, tfds', TensorFlow's (not
+    TF_CONFIG), Keras' and MLflow's, and a PYTHONPATH that reaches this distlab."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED) and k != "TF_CONFIG"}
+    return {**env, "PYTHONPATH": source_path()}
+
+
 def launch(cfg: DictConfig, run_dir: Path, arguments: Callable[[Path, int], list[str]]) -> int:
     """Run the workers on Ray; the exit status (the chief's, or the failure's)."""
     ray = import_ray()
@@ -119,7 +129,7 @@ def launch(cfg: DictConfig, run_dir: Path, arguments: Callable[[Path, int], list
         actors = [remote.options(
             num_cpus=settings.num_cpus, num_gpus=settings.num_gpus,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
-            runtime_env={"env_vars": {"PYTHONPATH": source_path()}}).remote()
+            runtime_env={"env_vars": forwarded_env()}).remote()
             for i in range(n)]
         cluster = ray.get([a.address.remote() for a in actors], timeout=timeout)
         logs = worker_logs(run_dir, n)

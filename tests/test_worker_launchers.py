@@ -201,17 +201,17 @@ def ray_address():
     """A local Ray instance (2 CPUs, no token) shared by this module's Ray tests: its
     address, which each launcher joins (strategy.ray.address)."""
     ray = pytest.importorskip("ray")
-    saved = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
-        if saved is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved
+    # Ray's processes (a sweep's tasks) import this checkout's distlab, as the tests do
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"),
+                            *filter(None, [os.environ.get("PYTHONPATH")])])
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_AUTH_MODE", "disabled")
+        env.setenv("PYTHONPATH", path)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            yield ray.get_runtime_context().gcs_address
+        finally:
+            ray.shutdown()
 
 
 def _on_ray(address: str) -> tuple[str, ...]:

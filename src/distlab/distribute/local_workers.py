@@ -27,7 +27,9 @@ from typing import IO
 
 from distlab.distribute.cluster import free_ports
 
-GRACE_S = 20.0  # seconds the other workers get to end by themselves after one failed
+# seconds the other workers get to end by themselves after one failed (TensorFlow's
+# collectives stop them within seconds; a loaded machine can take tens of seconds to exit)
+GRACE_S = 60.0
 
 
 def tf_config(cluster: Sequence[str], index: int) -> str:

@@ -140,8 +140,8 @@ def launch(cfg: DictConfig, run_dir: Path, arguments: Callable[[Path, int], list
         log.info("started %d workers as Ray actors (%s): the chief's output follows; each "
                  "worker's log is <run dir>/workers/worker<i>.log on its node", n,
                  ", ".join(cluster))
-        codes, signalled = _wait(ray, actors)
-        failure = _failure(codes, logs)
+        codes, first, signalled = _wait(ray, actors)
+        failure = _failure(codes, first, logs)
         return ending([_as_code(c) for c in codes], failure, cluster, signalled)
     finally:
         remove_placement_group(group)  # its actors end with it
@@ -153,22 +153,24 @@ def _as_code(code: int | None) -> int | None:
     return None if code is None else (-signal.SIGKILL if code == DIED else code)
 
 
-def _failure(codes: list[int | None], logs: list[Path]):
+def _failure(codes: list[int | None], first: int | None, logs: list[Path]):
+    """The first worker that failed (`first`), as a Failure; None when all ended well."""
     from distlab.distribute.local_workers import Failure
 
-    for i, code in enumerate(codes):
-        if code:
-            return Failure(i, _as_code(code), logs[i],
-                           reason="died with its Ray actor" if code == DIED else None)
-    return None
+    if first is None:
+        return None
+    code = codes[first]
+    return Failure(first, _as_code(code), logs[first],
+                   reason="died with its Ray actor" if code == DIED else None)
 
 
-def _wait(ray, actors: list) -> tuple[list[int | None], bool]:
+def _wait(ray, actors: list) -> tuple[list[int | None], int | None, bool]:
     """Poll the workers until all ended (or one failed and the others had GRACE_S to end);
-    their statuses (DIED: the actor died), and whether a signal was forwarded."""
+    their statuses (DIED: the actor died), the first that failed, and whether a signal was
+    forwarded."""
     codes: list[int | None] = [None] * len(actors)
     signalled: list[int] = []
-    expiry = None
+    expiry, first = None, None
 
     def forward(signum, frame):
         signalled.append(signum)
@@ -187,7 +189,9 @@ def _wait(ray, actors: list) -> tuple[list[int | None], bool]:
                         codes[i] = ray.get(actor.poll.remote(), timeout=60)
                     except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                         codes[i] = DIED
-            if expiry is None and any(codes):
+                    if codes[i] and first is None:
+                        first = i
+            if expiry is None and first is not None:
                 expiry = time.monotonic() + GRACE_S
             if expiry is not None and time.monotonic() > expiry:
                 for i, actor in enumerate(actors):
@@ -199,5 +203,5 @@ def _wait(ray, actors: list) -> tuple[list[int | None], bool]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return codes, bool(signalled)
+    return codes, first, bool(signalled)
 

@@ -118,6 +118,17 @@ def test_strategy_workers_must_match_tf_config(monkeypatch, run_inprocess):
     assert ended.value.code == 2 and not guard.asked
 
 
+def test_the_python_api_leaves_starting_workers_to_the_command(monkeypatch, run_inprocess):
+    """distlab.train/run with strategy.workers=2 and no TF_CONFIG: one line (it would
+    otherwise train a single worker), nothing trained."""
+    from conftest import runner_refused
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with runner_refused() as guard, pytest.raises(SystemExit) as ended:
+        run_inprocess("strategy=multi_worker_mirrored", "strategy.workers=2")
+    assert ended.value.code == 2 and not guard.asked
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])

@@ -31,6 +31,12 @@ def _one_line_refusal(tmp_path, *overrides: str) -> str:
     # item 16: wrong types are Hydra's errors, now one line naming the key
     (["trainer.grad_accum_steps=abc"], "trainer.grad_accum_steps=abc"),
     (["trainer.epochs=abc"], "trainer.epochs=abc"),
+    # strategy.workers / strategy.launcher / strategy.ray.* (issue 32)
+    (["strategy=mirrored", "strategy.workers=2"], "strategy.workers=2"),
+    (["strategy=multi_worker_mirrored", "strategy.launcher=ray"], "strategy.launcher=ray"),
+    (["strategy=multi_worker_mirrored", "strategy.workers=0"], "strategy.workers=0"),
+    (["strategy=multi_worker_mirrored", "strategy.workers=2", "strategy.ray.placement=x"],
+     "strategy.ray.placement='x'"),
     (["trainer.nope=1"], "trainer.nope"),
     (["dataset=nope"], "Available options in 'dataset': cifar10, fashion_mnist, mnist"),
     # item 10: integers beyond int32
@@ -72,6 +78,8 @@ def test_bad_values_are_one_line_naming_the_key(overrides, needle):
     (["-m", "trainer.epochs=1,abc"], "trainer.epochs=abc"),  # in a sweep's overrides
     (["trainer.validate_every=5", "trainer.epochs=3", "trainer.best_checkpoint.metric=val_loss"],
      "trainer.validate_every=5 exceeds trainer.epochs=3"),  # distlab's validation
+    (["strategy=multi_worker_mirrored", "strategy.workers=2", "strategy.ray.num_cpus=0"],
+     "strategy.ray.num_cpus=0"),  # refused by the workers' launcher, before any starts
 ])
 def test_bad_values_are_one_line_before_tensorflow(tmp_path, overrides, needle):
     assert needle in _one_line_refusal(tmp_path, *overrides)

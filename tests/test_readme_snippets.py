@@ -50,6 +50,10 @@ SKIPPED_COMMANDS = {
     "experiment=moons": "needs examples/plugin_package installed (tests/test_package.py "
                         "installs it and runs experiment=moons)",
     "distlab --info searchpath": "lists the installed plug-in packages (tests/test_package.py)",
+    "strategy.workers=2": "the command starts worker processes or Ray actors of its own "
+                          "(tests/test_worker_launchers.py runs both)",
+    "hydra/launcher=ray": "starts a Ray instance (tests/test_worker_launchers.py runs a sweep "
+                          "on the Ray launcher)",
 }
 NOT_DISTLAB = {  # other programs a README shows, and why a test does not run them
     "pip": "installs packages (CI installs the checkout; tests/test_package.py the wheel)",

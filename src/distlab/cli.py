@@ -37,10 +37,21 @@ def hydra_job(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from distlab.launch.job import process_started, run
+    from distlab.launch import workers
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if workers.launches(cfg):  # strategy.workers=N: start them (no TensorFlow here)
+        if multirun:
+            sys.exit(f"error: strategy.workers={cfg.strategy.workers} starts the workers of "
+                     "a single run, not of a sweep's jobs (-m): run each setting as a run "
+                     "of its own, or start the workers yourself with TF_CONFIG or srun")
+        status = workers.launch(cfg, hydra_cfg.runtime.output_dir)
+        if status:
+            sys.exit(status)
+        return None
+    from distlab.launch.job import process_started, run
+
     if not multirun:
         results = run(cfg, hydra_cfg.runtime.output_dir, origin=process_started())
         if results.exit_code:

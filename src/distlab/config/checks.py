@@ -85,6 +85,7 @@ def validate(cfg: DictConfig) -> None:
             "MultiWorkerMirroredStrategy gives each worker one replica, on its CPU. Start one "
             "worker per replica, or use strategy=mirrored strategy.cpu_devices="
             f"{cpu_devices} on one machine")
+    _check_workers(cfg)
     if cfg.loop.jit_compile and cpu_devices > 1:
         raise ConfigError(JIT_ON_LOGICAL_CPUS)
     target = cfg.trainer.target
@@ -128,6 +129,19 @@ def validate(cfg: DictConfig) -> None:
     if metrics is not None:
         check_watched(cfg.trainer, list(metrics), validation is not None)
         check_objective(cfg.objective, cfg.task.name, list(metrics), validation is not None)
+
+
+def _check_workers(cfg: DictConfig) -> None:
+    """strategy.workers / strategy.launcher belong to strategy=multi_worker_mirrored."""
+    workers = OmegaConf.select(cfg, "strategy.workers", default=None)
+    launcher = OmegaConf.select(cfg, "strategy.launcher", default="local")
+    multi = OmegaConf.select(cfg, "strategy.name") == "multi_worker_mirrored"
+    if workers is not None and not multi:
+        raise ConfigError(f"strategy.workers={workers} starts the workers of a multi-worker "
+                          "run: use it with strategy=multi_worker_mirrored")
+    if launcher != "local" and workers is None:
+        raise ConfigError(f"strategy.launcher={launcher} starts strategy.workers workers: set "
+                          "strategy.workers=N (and strategy=multi_worker_mirrored)")
 
 
 def check_callback_entry(key: str, entry: Any) -> None:

@@ -16,6 +16,9 @@ RERUN_NEUTRAL_KEYS = {
     "dataset.data_dir", "dataset.cache", "dataset.disk_cache", "dataset.cache_dir",
     "strategy.connect_timeout_s", "trainer.profile_steps", "trainer.throughput.warmup_epochs",
     "trainer.throughput.warmup_steps", "trainer.throughput.windows",
+    # who starts the workers (the cluster's size is the checkpoint's business, as with TF_CONFIG)
+    "strategy.workers", "strategy.launcher", "strategy.ray.address", "strategy.ray.placement",
+    "strategy.ray.num_cpus", "strategy.ray.num_gpus",
 }  # trainer.target is not: whether it was reached is part of the checkpoint
 # every key under them (a rerun may add logger=mlflow; search: where the trial's study is
 # stored, set by the Optuna sweeper, not what trains)

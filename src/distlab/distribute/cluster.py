@@ -49,10 +49,26 @@ def current_worker(strategy_cfg: DictConfig) -> Worker:
     if strategy_cfg.name != "multi_worker_mirrored":
         return Worker()
     if strategy_cfg.cluster_resolver == "slurm":
-        return slurm_worker(strategy_cfg.slurm_port_base)
+        return _sized(slurm_worker(strategy_cfg.slurm_port_base), strategy_cfg, "srun")
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return Worker()  # a single local worker
+    return _sized(_tf_config_worker(raw), strategy_cfg, "TF_CONFIG")
+
+
+def _sized(worker: Worker, strategy_cfg: DictConfig, source: str) -> Worker:
+    """`worker`, unless strategy.workers is set to another size than its cluster's."""
+    wanted = strategy_cfg.get("workers")
+    if wanted is not None and wanted != len(worker.workers):
+        raise DistlabError(
+            f"strategy.workers={wanted} but {source} gives a cluster of "
+            f"{len(worker.workers)} worker(s): unset strategy.workers (the cluster comes from "
+            f"{source}) or set it to {len(worker.workers)}")
+    return worker
+
+
+def _tf_config_worker(raw: str) -> Worker:
+    """This process's task as TF_CONFIG (`raw`) says."""
     try:
         tf_config = json.loads(raw)
         cluster, task = tf_config.get("cluster", {}), tf_config.get("task", {})

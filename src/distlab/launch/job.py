@@ -46,7 +46,7 @@ from distlab.errors import (
     described,
 )
 from distlab.errors import message as error_message
-from distlab.launch import refusals
+from distlab.launch import refusals, workers
 from distlab.launch.rerun import already_completed, rerun_refusal
 from distlab.records.fields import is_field
 from distlab.records.results import failed_results, objective_value
@@ -133,6 +133,11 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     try:
         _check_interpolations(cfg)
         validate(cfg)
+        if workers.launches(cfg):  # the `distlab` command starts them (cli.hydra_job)
+            raise DistlabError(
+                f"strategy.workers={cfg.strategy.workers} is started by the distlab command "
+                "(distlab ... or python run.py ...), which starts the workers itself; here, "
+                "give each worker its TF_CONFIG, or unset strategy.workers")
         plugins.check(cfg)  # user code imported, every group's name resolved
         tracker = tracking.build(cfg)  # one that cannot run (MLflow missing) is refused here
         worker = current_worker(cfg.strategy)

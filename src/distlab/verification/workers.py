@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from distlab.distribute.cluster import free_ports
+from distlab.distribute.local_workers import LocalWorkers
 from distlab.verification.report import FAILED, PASSED, Row
 from distlab.verification.resume import _brief_evaluation, interruptible
 from distlab.verification.session import Session
@@ -85,53 +81,11 @@ def _command(session: Session) -> list[str]:
 def _run_workers(session: Session, where: Path, extra: list[str]) -> str | None:
     """Run the 2 workers to their end (run dirs where/W0, where/W1); None, or why a worker
     failed (one line, with its last log lines)."""
-    cluster = [f"127.0.0.1:{p}" for p in free_ports(WORKERS)]
-    source = str(Path(__file__).resolve().parents[2])  # the same distlab in each
-    path = os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])
-    procs, logs = [], []
-    for index in range(WORKERS):
-        tf_config = {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "PYTHONPATH": path}
-        log_path = where / f"worker{index}.log"
-        logs.append(log_path)
-        with open(log_path, "w") as out:
-            procs.append(subprocess.Popen(
-                [*_command(session), *session.brief_overrides, *extra,
-                 f"hydra.run.dir={where / f'W{index}'}"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True))
-    try:
-        return _wait(procs, logs)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()  # TensorFlow ignores SIGTERM while it waits for its peers
-                proc.wait()
-
-
-def _wait(procs: list[subprocess.Popen], logs: list[Path]) -> str | None:
-    expiry = time.monotonic() + WORKER_TIMEOUT
-    while True:
-        codes = [p.poll() for p in procs]
-        for index, code in enumerate(codes):
-            if code:  # a worker failed: the other would wait for it
-                return (f"worker {index} ended with status {_status(code)}; its last lines: "
-                        f"{_tail(logs[index])} (log: {logs[index]})")
-        if all(code == 0 for code in codes):
-            return None
-        if time.monotonic() > expiry:
-            late = next(i for i, c in enumerate(codes) if c is None)
-            return (f"worker {late} still ran after {WORKER_TIMEOUT:.0f} s and was killed; its "
-                    f"last lines: {_tail(logs[late])} (log: {logs[late]})")
-        time.sleep(0.2)
-
-
-def _status(code: int) -> str:
-    return f"{code}" if code > 0 else f"{128 - code} (signal {signal.Signals(-code).name})"
-
-
-def _tail(log_path: Path, lines: int = 3) -> str:
-    text = [ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()]
-    return " | ".join(text[-lines:]) or "(nothing)"
+    commands = [[*_command(session), *session.brief_overrides, *extra,
+                 f"hydra.run.dir={where / f'W{index}'}"] for index in range(WORKERS)]
+    workers = LocalWorkers.start(commands, [where / f"worker{i}.log" for i in range(WORKERS)])
+    failure = workers.wait(timeout=WORKER_TIMEOUT, grace_s=0)
+    return None if failure is None else failure.line(workers.cluster)
 
 
 def _compare(one: dict, chief: dict, where: Path, loss_rtol: float, weight_tol: float

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
 from distlab.config.schema.rules import (
+    NON_NEGATIVE,
     POSITIVE,
     checked,
     one_of,
 )
+
+
+@dataclass
+class RayConfig:
+    # null: start a Ray instance on this machine; "auto": join the cluster `ray start` runs
+    # here; or a cluster's address (host:port, ray://host:10001)
+    address: str | None = None
+    # spread: the workers on different nodes where possible; pack: on as few as possible
+    placement: str = checked("spread", one_of("spread", "pack"))
+    num_cpus: float = checked(1.0, POSITIVE)  # CPUs reserved for each worker
+    num_gpus: float = checked(0.0, NON_NEGATIVE)  # GPUs of each worker (it sees only those)
 
 
 @dataclass
@@ -28,3 +40,9 @@ class StrategyConfig:
     # cluster_resolver=slurm: a node's tasks listen on this port, the next one, ...
     slurm_port_base: int = checked(8888, (lambda v: 1024 <= v < 65536,
                                           "must be a port in [1024, 65536)"))
+    # multi-worker: start this many workers from one command (without TF_CONFIG); with
+    # TF_CONFIG or srun, null or the cluster's size
+    workers: int | None = checked(None, POSITIVE)
+    # strategy.workers: who starts them: local (processes on this machine) or ray (actors)
+    launcher: str = checked("local", one_of("local", "ray"))
+    ray: RayConfig = field(default_factory=RayConfig)  # strategy.launcher=ray

@@ -245,6 +245,30 @@ def tiny_data_dir(tmp_path_factory) -> Path:
     return data_dir
 
 
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """mlflow_store(path) -> the URI of a new SQLite MLflow store at `path`: a copy of one
+    whose schema MLflow has made (its ~30 migrations cost ~3 CPU-s a store), made once per
+    test session for every xdist worker. A test whose subject is a new store's creation
+    makes its own."""
+    import shutil
+
+    template = _shared_temp(tmp_path_factory) / "mlflow-template.db"
+    with _file_lock(template.with_suffix(".lock")):
+        if not template.exists():
+            from mlflow.tracking import MlflowClient
+
+            made = template.with_suffix(".making.db")
+            MlflowClient(f"sqlite:///{made}").search_experiments()
+            made.rename(template)
+
+    def _copy(path: Path) -> str:
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return _copy
+
+
 def fast_overrides(data_dir: Path) -> list[str]:
     return [f"dataset.data_dir={data_dir}", "trainer.epochs=2", "loop.verbose=0",
             "trainer.export=false", "dataset.shuffle_buffer=512"]

@@ -205,14 +205,68 @@ def _write_tiny_regression(data_dir: Path) -> None:
     ).download_and_prepare()
 
 
+def _shared_temp(tmp_path_factory) -> Path:
+    """The session's base temporary directory, the same for every xdist worker (popen-gwN's
+    parent under xdist)."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created), held by one process of the session at a time."""
+    import fcntl
+
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def tiny_dataset(data_dir: Path, name: str, write) -> None:
+    """`write(data_dir)` unless `name` is already prepared there (by this or another xdist
+    worker: under a lock, marked done once written)."""
+    done = data_dir / f".{name}.done"
+    with _file_lock(data_dir / f".{name}.lock"):
+        if not done.exists():
+            write(data_dir)
+            done.write_text("")
+
+
 @pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory) -> Path:
-    data_dir = tmp_path_factory.mktemp("tfds")
+    """The tiny datasets in tfds' format, written once per test session: the xdist workers
+    share them (the first to ask writes, under a lock; the others read)."""
+    data_dir = _shared_temp(tmp_path_factory) / "tfds"
+    data_dir.mkdir(exist_ok=True)
     for name in ("mnist", "fashion_mnist"):
-        _write_tiny(name, data_dir)
-    _write_tiny_cifar10(data_dir)
-    _write_tiny_regression(data_dir)
+        tiny_dataset(data_dir, name, functools.partial(_write_tiny, name))
+    tiny_dataset(data_dir, "cifar10", _write_tiny_cifar10)
+    tiny_dataset(data_dir, "tiny_regression", _write_tiny_regression)
     return data_dir
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory):
+    """mlflow_store(path) -> the URI of a new SQLite MLflow store at `path`: a copy of one
+    whose schema MLflow has made (its ~30 migrations cost ~3 CPU-s a store), made once per
+    test session for every xdist worker. A test whose subject is a new store's creation
+    makes its own."""
+    import shutil
+
+    template = _shared_temp(tmp_path_factory) / "mlflow-template.db"
+    with _file_lock(template.with_suffix(".lock")):
+        if not template.exists():
+            from mlflow.tracking import MlflowClient
+
+            made = template.with_suffix(".making.db")
+            MlflowClient(f"sqlite:///{made}").search_experiments()
+            made.rename(template)
+
+    def _copy(path: Path) -> str:
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return _copy
 
 
 def fast_overrides(data_dir: Path) -> list[str]:
@@ -267,21 +321,16 @@ def run_once(tiny_data_dir, tmp_path_factory):
     run (results, history, checkpoints). The runs are kept in the session's base temporary
     directory, which the xdist workers share: the first to ask trains (under a file lock),
     the others read its run."""
-    import fcntl
     import hashlib
 
     import distlab
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # popen-gwN's parent: the same for every worker
-    root = root / "run_once"
+    root = _shared_temp(tmp_path_factory) / "run_once"
     root.mkdir(exist_ok=True)
 
     def _run(*overrides: str) -> tuple[dict, Path]:
         out = root / hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:16]
-        with open(f"{out}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _file_lock(Path(f"{out}.lock")):
             done = out / "results.json"
             if not (done.exists() and json.loads(done.read_text())["status"] == "completed"):
                 results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),

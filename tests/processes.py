@@ -52,9 +52,13 @@ def _forkserver() -> multiprocessing.context.ForkServerContext:
 
 
 def _child(script: str, args: list[str], cwd: str, env: dict[str, str], out: str,
-           err: str | None) -> None:
-    """In the forked process: become `python SCRIPT ARGS` in `cwd` with `env`."""
+           err: str | None, new_session: bool = False) -> None:
+    """In the forked process: become `python SCRIPT ARGS` in `cwd` with `env` (the leader of
+    a session of its own when `new_session`)."""
     import faulthandler
+
+    if new_session:
+        os.setsid()
 
     for fd, path in ((1, out), (2, err or out)):
         target = os.open(path, os.O_WRONLY | os.O_APPEND)
@@ -115,11 +119,13 @@ class Process:
     """A `subprocess.Popen` look-alike for `python SCRIPT ARGS` (text output; stderr into
     stdout when `merge_stderr`); `env` is added to this process' environment (a None value
     removes the variable). `fresh`: a new interpreter, for a test whose subject is what
-    happens at import (a `sitecustomize`, an environment variable TensorFlow reads once)."""
+    happens at import (a `sitecustomize`, an environment variable TensorFlow reads once).
+    `new_session`: as Popen's start_new_session (a terminal's Ctrl-C is then
+    `os.killpg(pid, SIGINT)`: the process and every process it started)."""
 
     def __init__(self, script: str | Path, *args: str, cwd: Path = ROOT,
                  env: dict[str, str | None] | None = None, merge_stderr: bool = True,
-                 fresh: bool = FRESH):
+                 fresh: bool = FRESH, new_session: bool = False):
         self.args = [sys.executable, str(script), *args]
         self._folder = tempfile.TemporaryDirectory(prefix="distlab-test-proc-")
         self._out = Path(self._folder.name) / "stdout"
@@ -132,13 +138,14 @@ class Process:
         if fresh:
             with open(self._out, "ab") as out, open(self._err or self._out, "ab") as err:
                 self._popen = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=out,
-                                               stderr=err, stdin=subprocess.DEVNULL)
+                                               stderr=err, stdin=subprocess.DEVNULL,
+                                               start_new_session=new_session)
             self.pid = self._popen.pid
             return
         self._popen = None
         self._process = _forkserver().Process(
             target=_child, args=(str(script), list(args), str(cwd), env, str(self._out),
-                                 None if self._err is None else str(self._err)))
+                                 None if self._err is None else str(self._err), new_session))
         self._process.start()
         self.pid = self._process.pid
 

@@ -365,8 +365,9 @@ STATEFUL = ("auc", "precision", "recall")
 @pytest.fixture(scope="session")
 def binary_data(tiny_data_dir) -> Path:
     """tiny_data_dir (the runs' dataset.data_dir) with `breast_cancer` in it too."""
-    if not (tiny_data_dir / "breast_cancer").exists():
-        write_breast_cancer(tiny_data_dir)
+    from conftest import tiny_dataset
+
+    tiny_dataset(tiny_data_dir, "breast_cancer", write_breast_cancer)
     return tiny_data_dir
 
 

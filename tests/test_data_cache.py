@@ -102,9 +102,19 @@ def _shard(entry: Path) -> Path:
     return sorted(entry.glob("*/*.shard/*.snapshot"))[0]
 
 
+@pytest.fixture(scope="module")
+def built_cache(tiny_data_dir, tmp_path_factory) -> Path:
+    """A cache dir as the first load of the tiny data writes it, written once per module
+    (the tests that damage it work on a copy)."""
+    cache = tmp_path_factory.mktemp("built") / "cache"
+    _load(tiny_data_dir, cache)
+    return cache
+
+
 @pytest.mark.parametrize("how", ["records", "bytes"])
-def test_a_truncated_entry_is_rebuilt_before_use(tiny_data_dir, tmp_path, caplog, how):
-    _load(tiny_data_dir, tmp_path / "cache")
+def test_a_truncated_entry_is_rebuilt_before_use(tiny_data_dir, tmp_path, caplog, how,
+                                                 built_cache):
+    shutil.copytree(built_cache, tmp_path / "cache")  # as _load(tiny_data_dir, it) writes
     entries = _entries(tmp_path / "cache")
     (entry,) = (tmp_path / "cache").glob("mnist-test-*")
     intact = [x.numpy() for x, _ in tf.data.Dataset.load(str(entry))]

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, compose
+from conftest import ROOT, compose, tiny_dataset
 
 STEPS_PER_EPOCH, EPOCHS = 5, 4  # 20 steps: a schedule's epochs change within the run
 BATCH = 32  # the global batch (the tiny train split has 512 rows)
@@ -490,8 +490,7 @@ def task_data(request, tiny_data_dir) -> None:
     if "breast_cancer" in " ".join(CASES[request.node.callspec.params["case"]].overrides):
         from test_binary_metrics import write_breast_cancer
 
-        if not (tiny_data_dir / "breast_cancer").exists():
-            write_breast_cancer(tiny_data_dir)
+        tiny_dataset(tiny_data_dir, "breast_cancer", write_breast_cancer)
 
 
 @pytest.mark.slow

@@ -105,8 +105,8 @@ def reference(run_once):
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny_data_dir,
                                                                       tmp_path, reference,
-                                                                      monkeypatch):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # logger=mlflow: the chief only records
+                                                                      monkeypatch, mlflow_store):
+    store = mlflow_store(tmp_path / "mlflow.db")  # logger=mlflow: the chief only records
     tracked = ("logger=mlflow", f"logger.tracking_uri={store}") if loop == "keras_fit" else ()
     # keras_fit: a callback on every worker, and a chief-only one that asks to stop after
     # step 2 of the last epoch (across workers a stop counts at the epoch's end, so the
@@ -347,20 +347,22 @@ def _start_on_terminal(index: int, workers: list[str], *args: str
 
 
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective(loop, tiny_data_dir,
-                                                                       tmp_path, monkeypatch):
+def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective_and_one_run_dir_is_the_chiefs(
+        loop, tiny_data_dir, tmp_path, monkeypatch):
     """The chief draws a progress bar on a terminal (loop.verbose=1) and runs a chief-only
-    callback that reads every batch's logs; worker 1 does neither. Both train to the end."""
+    callback that reads every batch's logs; worker 1 does neither. Both train to the end.
+    Both workers get the same hydra.run.dir (the README's commands on one machine): worker
+    1's .hydra/ and run.log go to <dir>-worker1; the chief's run.log has each epoch line
+    once, and its .hydra/ is the chief's."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
     workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
-    boss = tmp_path / "chief.jsonl"
+    boss, run_dir = tmp_path / "chief.jsonl", tmp_path / "mw"
     args = (*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=1",
             "trainer.steps_per_epoch=3", "loop.verbose=1",
             "+callbacks.boss._target_=callback_recorder.Recorder", f"+callbacks.boss.path={boss}",
-            "+callbacks.boss._chief_only_=true")
-    chief, chief_output = _start_on_terminal(0, workers, *args,
-                                             f"hydra.run.dir={tmp_path / 'W0'}")
-    other = _start(1, workers, *args, f"hydra.run.dir={tmp_path / 'W1'}")
+            "+callbacks.boss._chief_only_=true", f"hydra.run.dir={run_dir}")
+    chief, chief_output = _start_on_terminal(0, workers, *args)
+    other = _start(1, workers, *args)
     out0, out1 = chief_output(), _finish(other)
     assert chief.returncode == 0, out0[-3000:]
     assert other.returncode == 0, out1[-3000:]
@@ -370,7 +372,12 @@ def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective(loop, tiny
 
     ends = [logs for hook, _, logs, _ in _calls(boss) if hook == "batch_end"]
     assert len(ends) == 3 and all("loss" in logs for logs in ends), ends
-    assert _results(tmp_path / "W0")["status"] == "completed"
+    assert _results(run_dir)["status"] == "completed"
+    log = (run_dir / "run.log").read_text()
+    assert log.count("epoch 1/1") == 1, log[-3000:]
+    own = tmp_path / "mw-worker1"
+    assert (own / ".hydra" / "config.yaml").exists() and (own / "run.log").exists()
+    assert "epoch 1/1" in (own / "run.log").read_text()
 
 
 def test_a_worker_that_lost_the_chief_names_the_chiefs_checkpoint(tiny_data_dir, tmp_path):
@@ -388,22 +395,3 @@ def test_a_worker_that_lost_the_chief_names_the_chiefs_checkpoint(tiny_data_dir,
     assert re.search(re.escape(str(tmp_path / "W0" / "checkpoints" / "ckpt-")) + r"\d+, in the "
                      r"chief's run dir\)", lines[0]), lines[0]
     assert "distlab-worker" not in lines[0], lines[0]
-
-
-def test_workers_given_one_run_dir_write_only_the_chiefs_there(tiny_data_dir, tmp_path):
-    """Both workers get the same hydra.run.dir (the README's commands on one machine):
-    worker 1's .hydra/ and run.log go to <dir>-worker1; the chief's run.log has each epoch
-    line once, and its .hydra/ is the chief's."""
-    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
-    run_dir = tmp_path / "mw"
-    args = (*fast_overrides(tiny_data_dir), "loop=custom", "trainer.epochs=1",
-            "trainer.steps_per_epoch=3", f"hydra.run.dir={run_dir}")
-    procs = [_start(i, workers, *args) for i in range(2)]
-    for proc, out in zip(procs, [_finish(p) for p in procs], strict=True):
-        assert proc.returncode == 0, out[-3000:]
-    log = (run_dir / "run.log").read_text()
-    assert log.count("epoch 1/1") == 1, log[-3000:]
-    own = tmp_path / "mw-worker1"
-    assert (own / ".hydra" / "config.yaml").exists() and (own / "run.log").exists()
-    assert "epoch 1/1" in (own / "run.log").read_text()
-    assert _results(run_dir)["status"] == "completed"

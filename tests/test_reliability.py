@@ -45,7 +45,7 @@ def _args(tiny_data_dir, loop: str, run_dir: Path, *extra: str) -> list[str]:
 @pytest.mark.parametrize("loop,option", [("keras_fit", "trainer.grad_accum_steps=4"),
                                          ("custom", "precision=mixed_bfloat16")])
 def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_path,
-                                            run_inprocess, caplog):
+                                            run_inprocess, caplog, mlflow_store):
     # 10 steps per epoch, killed at step 5 of epoch 2; dropout (its RNG state is
     # checkpointed), batch norm and seeded augmentation must resume exactly, and so must
     # gradient accumulation (10 steps: epoch 1 ends mid-accumulation), mixed precision and the
@@ -60,7 +60,7 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
     a, c = tmp_path / "a", tmp_path / "c"
     # keras_fit: with a user's callback (tests/callback_recorder.py), which the rerun restarts
     # at epoch 2, and logger=mlflow, whose run the rerun continues (each epoch logged once)
-    calls, store = tmp_path / "calls.jsonl", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    calls, store = tmp_path / "calls.jsonl", mlflow_store(tmp_path / "mlflow.db")
     callback = ("+callbacks.rec._target_=callback_recorder.Recorder",
                 f"+callbacks.rec.path={calls}", "logger=mlflow",
                 f"logger.tracking_uri={store}") if loop == "keras_fit" else ()
@@ -315,13 +315,13 @@ def test_unwritable_output_dir_and_bad_data_dir(tiny_data_dir, tmp_path):
 
 
 def test_a_signal_while_the_run_finishes_marks_its_tracker_run_killed_then_the_rerun_ends_it(
-        tiny_data_dir, tmp_path, run_inprocess):
+        tiny_data_dir, tmp_path, run_inprocess, mlflow_store):
     """SIGTERM as the finish begins (results.json, then the tracker's close): the MLflow run
     is KILLED, results.json interrupted at `finish` with every figure; the rerun trains
     nothing and ends the MLflow run FINISHED."""
     from mlflow.tracking import MlflowClient
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlflow_store(tmp_path / "mlflow.db")
     training = ["strategy=default", "trainer.steps_per_epoch=3", "model=mlp",
                 "model.hidden_units=[16]", "logger=mlflow", f"logger.tracking_uri={store}"]
     run_dir = tmp_path / "run"

@@ -1,5 +1,6 @@
 """Multirun sweeps: per-job run dirs, the sweep summary (csv, md, png, TensorBoard HParams),
-failure isolation, in-process determinism, process-per-job launchers and the Optuna search.
+failure isolation, in-process determinism and the Optuna search (the process-per-job
+launchers sweeping strategy.cpu_devices: test_sweep_signals.py, with a stop and a rerun).
 
 (The learning-rate scaling rule itself is unit-tested in test_schedules.py; here the
 effective rate is checked end to end, in the summary.)
@@ -228,28 +229,6 @@ def test_a_failed_job_fails_the_sweep_but_not_the_other_jobs(tiny_data_dir, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher,options", [
-    ("submitit_local", ["hydra.launcher.timeout_min=10"]),
-    ("joblib", ["hydra.launcher.n_jobs=2"]),
-])
-def test_process_per_job_launcher_sweeps_cpu_devices(launcher, options, tiny_data_dir,
-                                                     tmp_path):
-    # strategy.cpu_devices cannot change inside one process: each job needs its own.
-    out, text = _sweep(tiny_data_dir, tmp_path, f"hydra/launcher={launcher}", *options,
-                       "strategy.cpu_devices=1,2")
-    assert out.returncode == 0, text[-3000:]
-    replicas = [_results(tmp_path / str(n))["num_replicas"] for n in (0, 1)]
-    assert replicas == [1, 2]
-    rows = _summary(tmp_path)
-    assert [(r["num_replicas"], r["global_batch_size"], r["status"]) for r in rows] == [
-        ("1", "64", "completed"), ("2", "128", "completed")]
-    md = (tmp_path / "summary.md").read_text()
-    for num, devices in ((0, 1), (1, 2)):
-        assert f"| {num} | strategy.cpu_devices={devices} | completed |" in md, md
-    _assert_png(tmp_path / "summary.png")
-
-
-@pytest.mark.slow
 def test_optuna_search_runs_trials(tiny_data_dir, tmp_path):
     out = run_cli(*fast_overrides(tiny_data_dir), *SHORT, "hparams_search=optuna",
                   "hydra.sweeper.n_trials=2", f"hydra.sweep.dir={tmp_path}")  # no -m needed
@@ -281,12 +260,12 @@ def test_optuna_search_whose_every_trial_fails(tiny_data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path):
+def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path, mlflow_store):
     """A sweep rerun into the same sweep dir with job 0's value changed: job 0 is refused (its
     dir holds a run with another learning rate). The sweep exits 1 naming the reason; the
     summary shows job 0 as failed with the asked value and the reason, not the earlier run;
     MLflow has a FAILED run for it and a FAILED parent."""
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = mlflow_store(tmp_path / "mlflow.db")
     sweep = tmp_path / "sweep"
     args = ("loop=custom", "logger=mlflow", f"logger.tracking_uri={store}")
     out, text = _sweep(tiny_data_dir, sweep, *args, "optimizer.learning_rate=1e-3,5e-3")
@@ -318,7 +297,8 @@ def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_jobs_of_a_killed_joblib_sweep_stop_with_a_checkpoint_and_resume(tiny_data_dir,
-                                                                         tmp_path):
+                                                                         tmp_path,
+                                                                         mlflow_store):
     """kill -9 of a joblib sweep's own process, both jobs mid-epoch (held at a gate): its
     two job processes (joblib's workers) stop at the next step with a checkpoint and
     results.json `interrupted`, releasing their run dirs, so that the rerun of the sweep
@@ -328,7 +308,7 @@ def test_jobs_of_a_killed_joblib_sweep_stop_with_a_checkpoint_and_resume(tiny_da
 
     from test_sweep_signals import PATHS, Sweep, _args
 
-    sweep_dir, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
     args = _args(tiny_data_dir, sweep_dir, "joblib", store)
     jobs = [sweep_dir / "0", sweep_dir / "1"]
     with Sweep(args, tmp_path / "gate") as sweep:

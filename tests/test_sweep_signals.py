@@ -12,12 +12,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import processes
 import pytest
 from conftest import ROOT, fast_overrides, run_cli
+from test_sweep import _assert_png, _summary
 
 from distlab.records.run_dir import RunDir
 
@@ -30,18 +31,17 @@ LAUNCHERS = {"submitit_local": ["hydra.launcher.timeout_min=10"],
 
 
 class Sweep:
-    """`python run.py -m ARGS` in a session of its own, its jobs gated at step 3 of epoch 1
-    (`jobs_at_gate` until both are there; a job leaves the gate once it is asked to stop);
-    killed, with every process of it, on expiry."""
+    """`python run.py -m ARGS` in a session of its own (tests/processes.py: forked from an
+    interpreter that has imported TensorFlow; its job processes are joblib's or submitit's,
+    fresh interpreters), its jobs gated at step 3 of epoch 1 (`jobs_at_gate` until both are
+    there; a job leaves the gate once it is asked to stop); killed, with every process of
+    it, on expiry."""
 
     def __init__(self, args: list[str], gate: Path) -> None:
         gate.mkdir(parents=True, exist_ok=True)
         self.gate = gate
-        env = {**os.environ, **PATHS, "DISTLAB_TEST_GATE": "step:0:3",
-               "DISTLAB_TEST_GATE_DIR": str(gate)}
-        self.proc = subprocess.Popen([sys.executable, "run.py", *args], cwd=ROOT, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+        env = {**PATHS, "DISTLAB_TEST_GATE": "step:0:3", "DISTLAB_TEST_GATE_DIR": str(gate)}
+        self.proc = processes.Process("run.py", *args, env=env, new_session=True)
         self.expiry = time.monotonic() + EXPIRY_S
 
     def jobs_at_gate(self, count: int = 2) -> list[int]:
@@ -86,12 +86,15 @@ class Sweep:
         self.proc.wait()
 
 
-def _args(tiny_data_dir: Path, sweep_dir: Path, launcher: str, store: str) -> list[str]:
+def _args(tiny_data_dir: Path, sweep_dir: Path, launcher: str, store: str,
+          *swept: str) -> list[str]:
+    """The sweep's command line: 2 jobs, `seed=1,2` (strategy=default) unless `swept` says
+    otherwise."""
     return ["-m", *fast_overrides(tiny_data_dir), f"hydra/launcher={launcher.split('_in_')[0]}",
-            *LAUNCHERS[launcher], "loop=custom", "strategy=default", "model=mlp",
+            *LAUNCHERS[launcher], "loop=custom", "model=mlp",
             "model.hidden_units=[8]", "trainer.epochs=1", "trainer.steps_per_epoch=6",
-            "imports=[gate]", "logger=mlflow", f"logger.tracking_uri={store}", "seed=1,2",
-            f"hydra.sweep.dir={sweep_dir}"]
+            "imports=[gate]", "logger=mlflow", f"logger.tracking_uri={store}",
+            *(swept or ("strategy=default", "seed=1,2")), f"hydra.sweep.dir={sweep_dir}"]
 
 
 def _results(job: Path) -> dict:
@@ -123,14 +126,18 @@ def _one_line(output: str, text: str) -> str:
                                              ("joblib", signal.SIGINT),
                                              ("joblib", signal.SIGTERM)])
 def test_a_stopped_sweep_checkpoints_every_job_then_its_rerun_resumes_them(
-        launcher, signum, tiny_data_dir, tmp_path):
+        launcher, signum, tiny_data_dir, tmp_path, mlflow_store):
     """Ctrl-C (SIGINT to every process of the sweep, as a terminal sends it) or SIGTERM to the
     sweep's process alone, both jobs mid-epoch: each job stops once with a checkpoint
     (results.json interrupted at step 3, its MLflow run KILLED; submitit_local sent each job
     SIGINT twice, joblib killed one), the summary is written, the parent MLflow run is
-    KILLED and the sweep exits 128+N with one line; the same command then resumes both."""
-    sweep_dir, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = _args(tiny_data_dir, sweep_dir, launcher, store)
+    KILLED and the sweep exits 128+N with one line; the same command then resumes both.
+
+    The jobs are `strategy.cpu_devices=1,2` (MirroredStrategy): strategy.cpu_devices cannot
+    change inside one process, so the process-per-job launchers are what sweeps it; the
+    completed rerun shows each job's own replica count in its results and the summary."""
+    sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
+    args = _args(tiny_data_dir, sweep_dir, launcher, store, "strategy.cpu_devices=1,2")
     with Sweep(args, tmp_path / "gate") as sweep:
         sweep.jobs_at_gate()
         if signum == signal.SIGINT:
@@ -162,13 +169,23 @@ def test_a_stopped_sweep_checkpoints_every_job_then_its_rerun_resumes_them(
         assert (done["status"], done["epochs_completed"]) == ("completed", 1), done
         assert "resuming from" in (job / "run.log").read_text()
     assert _mlflow_statuses(store) == (["FINISHED", "FINISHED"], ["FINISHED"])
+    # each job in a process of its own, with its own device count
+    assert [_results(job)["num_replicas"] for job in jobs] == [1, 2]
+    rows = _summary(sweep_dir)
+    assert [(r["num_replicas"], r["global_batch_size"], r["status"]) for r in rows] == [
+        ("1", "64", "completed"), ("2", "128", "completed")]
+    md = (sweep_dir / "summary.md").read_text()
+    for num, devices in ((0, 1), (1, 2)):
+        assert f"| {num} | strategy.cpu_devices={devices} | completed |" in md, md
+    _assert_png(sweep_dir / "summary.png")
 
 
-def test_a_killed_joblib_job_stops_its_sibling_with_a_checkpoint(tiny_data_dir, tmp_path):
+def test_a_killed_joblib_job_stops_its_sibling_with_a_checkpoint(tiny_data_dir, tmp_path,
+                                                                 mlflow_store):
     """kill -9 of one joblib job process: joblib would kill the other worker at once; its
     job stops with a checkpoint and a status (or finishes) first, and the sweep exits 1 with
     one line naming the dead job, its summary written."""
-    sweep_dir, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
     with Sweep(_args(tiny_data_dir, sweep_dir, "joblib", store), tmp_path / "gate") as sweep:
         victim, _ = sweep.jobs_at_gate()
         os.kill(victim, signal.SIGKILL)
@@ -186,11 +203,12 @@ def test_a_killed_joblib_job_stops_its_sibling_with_a_checkpoint(tiny_data_dir, 
     assert len(rows) == 3, rows
 
 
-def test_ctrl_c_of_a_joblib_sweep_in_one_process_starts_no_more_jobs(tiny_data_dir, tmp_path):
+def test_ctrl_c_of_a_joblib_sweep_in_one_process_starts_no_more_jobs(tiny_data_dir, tmp_path,
+                                                                     mlflow_store):
     """hydra.launcher.n_jobs=1 runs the jobs one after another in the sweep's own process:
     Ctrl-C during job 0 stops it with a checkpoint, and job 1 is not started; the summary
     lists both, and the sweep exits 130 with one line."""
-    sweep_dir, store = tmp_path / "sweep", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
     args = _args(tiny_data_dir, sweep_dir, "joblib_in_process", store)
     with Sweep(args, tmp_path / "gate") as sweep:
         sweep.jobs_at_gate(count=1)

@@ -22,10 +22,10 @@ from distlab.tracking.mlflow_tracker import MlflowTracker
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> str:
-    """One SQLite store per module (its schema is made once); tests use their own
-    experiments."""
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+def store(tmp_path_factory, mlflow_store) -> str:
+    """One SQLite store per module (its schema made once per session: conftest); tests use
+    their own experiments."""
+    return mlflow_store(tmp_path_factory.mktemp("mlflow") / "mlflow.db")
 
 
 def _runs(uri: str, experiment: str) -> list:

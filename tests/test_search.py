@@ -110,7 +110,11 @@ def test_search_config_and_pruners():
     cfg = compose_once([])
     assert cfg.search.trial is None and cfg.search.pruner == "none"  # outside a search
     assert storage_location(None, "/s") == f"/s/{JOURNAL}"
-    assert storage_location("sqlite:///x.db", "/s") == "sqlite:///x.db"
+    # a relative file, journal or SQLite, is in the sweep dir (two sweeps never share it)
+    assert storage_location("sqlite:///x.db", "/s") == "sqlite:////s/x.db"
+    assert storage_location("sqlite:////abs/x.db", "/s") == "sqlite:////abs/x.db"
+    assert storage_location("mine.journal", "/s") == "/s/mine.journal"
+    assert storage_location("postgresql://h/db", "/s") == "postgresql://h/db"
     assert type(build_pruner("median")).__name__ == "MedianPruner"
     assert type(build_pruner("hyperband")).__name__ == "HyperbandPruner"
     with pytest.raises(ConfigError, match="hydra.sweeper.pruner='mean' is not a pruner"):
@@ -142,6 +146,40 @@ def test_the_search_config_selects_distlabs_sweeper():
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_ == "hydra_plugins.distlab_sweepers.optuna.DistlabOptunaSweeper"
     assert (sweeper.pruner, sweeper.storage, sweeper.n_jobs) == ("median", None, 1)
+
+
+def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, tmp_path):
+    """Each refused in one line before any trial: another study in a sweep dir that holds a
+    study's jobs; another objective for a stored study; a test figure as the objective; a
+    journal that cannot be read (named)."""
+    import optuna
+
+    from distlab.search import open_storage, storage_location
+
+    cases = {}
+    held = tmp_path / "held"  # a search of study "distlab" ran here
+    (held / ".distlab").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create({"study_name": "distlab",
+                                     "storage": storage_location(None, held)}),
+                   held / ".distlab" / "search.yaml")
+    cases["held"] = (["hydra.sweeper.study_name=other"], "holds the jobs of the study 'distlab'")
+    ranked = tmp_path / "ranked"
+    optuna.create_study(study_name="distlab", direction="maximize", storage=open_storage(
+        storage_location(None, ranked))).set_user_attr("objective", "val_accuracy")
+    cases["ranked"] = (["objective=train_examples_per_sec"],
+                       "ranks its trials by val_accuracy")
+    cases["test"] = (["objective=test_accuracy"], "would choose on the test split")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "optuna.journal").write_text('{"op_code": 0, "worker_id": "x"}\n{garbage\n')
+    cases["broken"] = ([], f"the study in {broken / 'optuna.journal'} cannot be read")
+    for name, (extra, expected) in cases.items():
+        out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
+                      "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / name}", *extra,
+                      timeout=120)
+        text = out.stdout + out.stderr
+        assert out.returncode == 2 and expected in text, (name, text[-2000:])
+        assert "Traceback" not in text and not (tmp_path / name / "0").exists(), name
 
 
 # --------------------------------------------------------------------------- slow
@@ -192,6 +230,9 @@ def test_a_search_killed_in_its_third_trial_resumes(tiny_data_dir, tmp_path):
         assert epochs == ["1", "2"], (n, epochs)  # no epoch trained twice
     assert {n: (sweep / str(n) / "results.json").stat().st_mtime_ns for n in (0, 1)} == untouched
     assert not (sweep / "4").exists()
+    # the resumed sampler does not start its draws over (trial 3 is no copy of trial 0)
+    drawn = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(drawn)) == 4, drawn
 
 
 @pytest.mark.slow

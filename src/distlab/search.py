@@ -20,12 +20,21 @@ JOURNAL = "optuna.journal"  # the study's file in the sweep dir (storage: null)
 PRUNERS = ("none", "median", "successive_halving", "hyperband")
 
 
+SQLITE = "sqlite:///"
+
+
 def storage_location(storage: str | None, sweep_dir: str | Path) -> str:
     """What `hydra.sweeper.storage` names: a database URL as given, else a journal file (by
-    default the sweep dir's `optuna.journal`), as an absolute path (jobs may run elsewhere)."""
-    if storage and "://" in str(storage):
-        return str(storage)
-    return str(Path(storage or Path(sweep_dir) / JOURNAL).expanduser().resolve())
+    default the sweep dir's `optuna.journal`), as an absolute path (jobs may run elsewhere).
+    A relative path, a journal's or an SQLite file's (`sqlite:///optuna.db`), is in the
+    sweep dir: two sweep dirs never share a study by accident."""
+    text = str(storage or "")
+    if text.startswith(SQLITE) and not Path(text[len(SQLITE):]).expanduser().is_absolute():
+        return SQLITE + str((Path(sweep_dir) / text[len(SQLITE):]).resolve())
+    if "://" in text:
+        return text
+    path = Path(text or JOURNAL).expanduser()
+    return str((path if path.is_absolute() else Path(sweep_dir) / path).resolve())
 
 
 def open_storage(location: str) -> Any:

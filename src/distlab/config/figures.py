@@ -51,6 +51,8 @@ def check_search_objective(objective: str | None, task: str, metric_names: list[
                            validation: bool = True) -> None:
     """Refuse, in one line, a search (Optuna) whose jobs would rank by no objective, or by
     one `check_objective` refuses: before any trial runs."""
+    if objective and objective.startswith("test_"):
+        raise refuse_test_split("objective", objective)
     check_objective(objective, task, metric_names, validation)
     if objective_field(objective, metric_names, validation) is None:
         raise ConfigError("a search ranks its trials by an objective, and with "

@@ -119,10 +119,11 @@ def job_overrides(run_dir: Path) -> list[str]:
 
 
 def run_name(run_dir: Path, sweep_dir: Path | None = None) -> str:
-    """The job's command-line overrides but the logger's, a sweep's swept keys first (so a
-    tracker that cuts names keeps what tells its jobs apart), else the last two parts of its
-    directory (outputs/<date>/<time>)."""
-    given = [o for o in job_overrides(run_dir) if not _key(o).startswith("logger")]
+    """The job's command-line overrides but the logger's and a search's trial (`search.*`),
+    a sweep's swept keys first (so a tracker that cuts names keeps what tells its jobs
+    apart), else the last two parts of its directory (outputs/<date>/<time>)."""
+    given = [o for o in job_overrides(run_dir)
+             if not _key(o).startswith(("logger", "search."))]
     swept = swept_keys(run_dir, sweep_dir) if sweep_dir is not None else set()
     first = [o for o in given if _key(o) in swept]
     return (" ".join(first + [o for o in given if o not in first])

@@ -142,11 +142,25 @@ class DistlabOptunaSweeper(Sweeper):
         self._space, self._fixed = space, fixed
         self._location = storage_location(self.storage, self._sweep_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = _instantiate(self.sampler_cfg)
-        study = optuna.create_study(
-            study_name=self.study_name, storage=open_storage(self._location), sampler=sampler,
-            pruner=build_pruner(self.pruner, self.pruner_args), direction=self.direction,
-            load_if_exists=True)
+        _claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
+        try:
+            study = optuna.create_study(
+                study_name=self.study_name, storage=open_storage(self._location),
+                pruner=build_pruner(self.pruner, self.pruner_args), direction=self.direction,
+                load_if_exists=True)
+        except Exception as e:  # noqa: BLE001 - a damaged journal raises what it meets
+            from distlab.errors import ConfigError
+
+            raise ConfigError(f"hydra.sweeper.storage: the study in {self._location} cannot "
+                              f"be read ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                              "move it aside to start the search afresh, or use another "
+                              "hydra.sweep.dir") from None
+        # a resumed search's sampler continues afresh: seeded as at its start, it would
+        # draw the first trials' parameters again
+        sampler = _instantiate(self.sampler_cfg, resumed=len(study.get_trials(deepcopy=False)))
+        if sampler is not None:
+            study.sampler = sampler
+        sampler = study.sampler
         if study.direction.name.lower() != self.direction:
             from distlab.errors import ConfigError
 
@@ -163,6 +177,14 @@ class DistlabOptunaSweeper(Sweeper):
                               f"sets hydra.sweeper.repeats={self.repeats}: keep it, or use "
                               "another hydra.sweep.dir")
         study.set_user_attr("repeats", self.repeats)
+        if study.user_attrs.get("objective", self._field) != self._field:
+            from distlab.errors import ConfigError
+
+            raise ConfigError(f"the study {self.study_name!r} in {self._location} ranks its "
+                              f"trials by {study.user_attrs['objective']}; this search by "
+                              f"objective={self._field}: keep it, or use another "
+                              "hydra.sweep.dir")
+        study.set_user_attr("objective", self._field)
         trials = study.get_trials(deepcopy=False)
         self._pending = [t.number for t in trials
                          if t.state == optuna.trial.TrialState.RUNNING]  # interrupted: rerun
@@ -371,14 +393,42 @@ def distribution(override: Any) -> Any:
     raise NotImplementedError(f"{override.input_line}: not a search space Optuna can sample")
 
 
-def _instantiate(sampler: Any) -> Any:
+def _instantiate(sampler: Any, resumed: int = 0) -> Any:
     """The sampler (`{_target_: optuna.samplers.X, ...}`, which Hydra may already have
-    built); None: Optuna's default."""
+    built); None: Optuna's default. In a search resumed with `resumed` trials, a seeded
+    sampler's seed is moved on by that count (still reproducible, not a repeat)."""
     if sampler is None or not isinstance(sampler, (dict, DictConfig)):
         return sampler
     from hydra.utils import instantiate
 
-    return instantiate(sampler)
+    cfg = OmegaConf.create(OmegaConf.to_container(sampler, resolve=True)
+                           if isinstance(sampler, DictConfig) else dict(sampler))
+    if resumed and cfg.get("seed") is not None:
+        cfg.seed = (int(cfg.seed) + 1_000_003 * resumed) % 2**32
+    return instantiate(cfg)
+
+
+SEARCH_RECORD = "search.yaml"  # in the sweep dir's .distlab/: the study its jobs belong to
+
+
+def _claim_sweep_dir(sweep_dir: str, study_name: str, location: str) -> None:
+    """Record which study the sweep dir's jobs belong to; refuse another study there (its
+    trials would take over the jobs of this one: trial N is job N)."""
+    from distlab.errors import ConfigError
+
+    path = Path(sweep_dir) / ".distlab" / SEARCH_RECORD
+    mine = {"study_name": study_name, "storage": location}
+    if path.exists():
+        held = OmegaConf.to_container(OmegaConf.load(path))
+        if held != mine:
+            raise ConfigError(
+                f"{sweep_dir} holds the jobs of the study {held.get('study_name')!r} "
+                f"({held.get('storage')}); this search is {study_name!r} ({location}): use "
+                "another hydra.sweep.dir, or that study's hydra.sweeper.study_name and "
+                "storage")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(mine), path)
 
 
 def _job_status(ret: Any) -> tuple[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import processes
 import pytest
-from conftest import ROOT, fast_overrides, run_command
+from conftest import ROOT, fast_overrides, run_cli, run_command
 
 TIMEOUT = 300  # seconds before a launcher (and so its workers) is killed
 LAUNCH = ("strategy=multi_worker_mirrored", "strategy.workers=2")
@@ -247,6 +247,21 @@ def test_ray_missing_is_one_line_naming_the_extra(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert lines[-1] == "NO_TF" and len(lines) == 2, out.stderr
     assert "distlab[ray]" in lines[0] and lines[0].startswith("error: ")
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
+    """strategy.ray.address=host:port with nothing listening: one line naming the key within
+    strategy.connect_timeout_s (ray.init would retry it without end)."""
+    pytest.importorskip("ray")
+    from distlab.distribute.cluster import free_ports
+
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    out = run_cli(*LAUNCH, "strategy.launcher=ray", f"strategy.ray.address={address}",
+                  "strategy.connect_timeout_s=5", f"hydra.run.dir={tmp_path / 'run'}",
+                  timeout=120)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text, text[-2000:]
+    assert f"cannot reach Ray at strategy.ray.address={address}" in text, text[-2000:]
 
 
 @pytest.mark.slow

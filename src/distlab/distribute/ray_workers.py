@@ -107,6 +107,8 @@ def launch(cfg: DictConfig, run_dir: Path, arguments: Callable[[Path, int], list
     settings, n = cfg.strategy.ray, cfg.strategy.workers
     timeout = cfg.strategy.connect_timeout_s
     started = not ray.is_initialized()
+    if started and settings.address not in (None, "auto"):
+        reachable(str(settings.address), timeout)
     if started:
         local = {"include_dashboard": False} if settings.address is None else {}
         ray.init(address=settings.address, log_to_driver=True,
@@ -205,3 +207,20 @@ def _wait(ray, actors: list) -> tuple[list[int | None], int | None, bool]:
             signal.signal(s, handler)
     return codes, first, bool(signalled)
 
+
+def reachable(address: str, timeout: float) -> None:
+    """Refuse, in one line, a `strategy.ray.address` (host:port, or ray://host:port) where
+    nothing answers within `timeout` seconds: `ray.init` would retry it without end."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return
+    except ValueError:
+        raise DistlabError(f"strategy.ray.address={address!r} is not host:port (or auto, or "
+                           "null for a local Ray instance)") from None
+    except OSError as e:
+        raise DistlabError(
+            f"cannot reach Ray at strategy.ray.address={address} within "
+            f"strategy.connect_timeout_s={timeout:g} s ({e.strerror or type(e).__name__}): "
+            "start the head with `ray start --head` there, or give its address (or auto on "
+            "a node of the cluster, null for a local instance)") from None

@@ -46,6 +46,7 @@ BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 # dataclass here could not resolve its annotations.)
 SWEEPER_DEFAULTS = {
     "_target_": "hydra_plugins.distlab_sweepers.optuna.DistlabOptunaSweeper",
+    "_recursive_": False,  # the sampler as its config: a resumed search re-seeds it
     "direction": AUTO,  # auto (from the objective), maximize or minimize
     "study_name": "distlab",
     "storage": None,  # null: optuna.journal in the sweep dir; or a journal file, or a URL

@@ -158,7 +158,7 @@ def multi_worker_mirrored(cfg: DictConfig, results_json: Path | None = None,
             watchdog.wait()
 
 
-GRACE_S = 2.0  # the watchdog reports first; then this process ends
+GRACE_S = 5.0  # the watchdog reports first (its own start may lag); then this process ends
 
 
 def _slurm_resolver(cfg: DictConfig) -> tf.distribute.cluster_resolver.SlurmClusterResolver:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-KILL_AFTER_S = 10.0  # after the timeout, if faulthandler has not ended the process
+KILL_AFTER_S = 15.0  # after the timeout, if faulthandler has not ended the process
 
 
 def unreachable(workers: list[str]) -> list[str]:
@@ -36,13 +36,18 @@ def unreachable(workers: list[str]) -> list[str]:
     return down
 
 
-def _write_failed(report: dict, message: str, waited: float) -> None:
-    if not report.get("path"):
-        return
+def _run_dir_class() -> type:
+    """distlab's RunDir, imported while waiting (so that the failure is written at once)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: src/
     from distlab.records.run_dir import RunDir
 
-    RunDir(Path(report["path"]).parent).record_failure(
+    return RunDir
+
+
+def _write_failed(run_dir: type, report: dict, message: str, waited: float) -> None:
+    if not report.get("path"):
+        return
+    run_dir(Path(report["path"]).parent).record_failure(
         {**report.get("results", {}), "error": message, "wall_time_s": waited})
 
 
@@ -57,6 +62,7 @@ def _alive(pid: int) -> bool:
 def main(argv: list[str]) -> int:
     parent, timeout, report, workers = int(argv[0]), float(argv[1]), json.loads(argv[2]), argv[3:]
     started = time.time()
+    run_dir = _run_dir_class()
     while time.time() - started < timeout:
         if os.getppid() != parent:  # the parent is gone: nothing to guard
             return 0
@@ -65,8 +71,10 @@ def main(argv: list[str]) -> int:
     message = (f"the multi-worker cluster did not form within strategy.connect_timeout_s="
                f"{timeout:g} s; unreachable workers: {down}. Start every worker listed in "
                "TF_CONFIG (or srun all tasks), or raise strategy.connect_timeout_s")
+    # the failure first: faulthandler ends the waiting process (the test of it, or a
+    # user's script, then reads results.json) GRACE_S after this timeout
+    _write_failed(run_dir, report, message, time.time() - started)
     print(f"error: {message}", file=sys.stderr, flush=True)
-    _write_failed(report, message, time.time() - started)
     deadline = time.time() + KILL_AFTER_S
     while time.time() < deadline and _alive(parent) and os.getppid() == parent:
         time.sleep(0.2)

@@ -123,9 +123,11 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
         evaluation.check_evaluation_splits(cfg)
     # before anything is built: a bad entry is one line naming callbacks.<name>
     user_callbacks = callbacks.build(cfg, worker.is_chief) if cfg.mode == "train" else {}
-    exp = experiment.build(cfg, run_dir, strategy, worker, started, origin)
     checkpoints = None
     try:
+        # (MultiWorkerMirroredStrategy broadcasts each variable's initial value from the chief
+        # as the model is built: a peer lost then is a lost worker too)
+        exp = experiment.build(cfg, run_dir, strategy, worker, started, origin)
         loop = LOOPS.get(cfg.loop.name)(exp)
         if not isinstance(loop, Loop):
             raise DistlabError(
@@ -141,8 +143,9 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     except multi_worker.PEER_ERRORS as e:
         if not worker.multi_worker:
             raise
-        raise multi_worker.lost_worker(e, worker, checkpoints.latest if checkpoints else None
-                                       ) from None
+        latest = (checkpoints.latest if checkpoints else
+                  tf.train.latest_checkpoint(str(run_dir.checkpoints)))  # lost while building
+        raise multi_worker.lost_worker(e, worker, latest) from None
 
 
 def _no_deterministic_xla(error: tf.errors.OpError, cfg: DictConfig) -> DistlabError | None:

@@ -25,7 +25,7 @@ FOLDERS = ["components", "config", "config/schema", "data", "distribute", "keras
 LAYERS = [
     ("records", "errors", "deprecated"),
     ("registry", "config"),
-    ("distribute", "tracking", "keras_patches"),
+    ("distribute", "tracking", "keras_patches", "search"),
     ("data", "components", "plugins"),
     ("training",),
     ("launch", "reporting", "verification"),

@@ -23,7 +23,8 @@ import statement, those inside functions too):
 1. `records` (results.json's fields, how figures rank, the run directory), `errors`,
    `deprecated`
 2. `registry`, `config`
-3. `distribute`, `tracking`, `keras_patches`
+3. `distribute`, `tracking`, `keras_patches`, `search` (a search's Optuna study, as the
+   sweeper and each job see it)
 4. `data`, `components`, `plugins`
 5. `training`
 6. `launch`, `reporting`, `verification`

@@ -10,22 +10,12 @@ import math
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from test_sweep import _fake_job
 
-from distlab.records.run_dir import RunDir
 from distlab.reporting.repeats import group_repeats, interval, rank, t_quantile
 from distlab.reporting.summary import SweepSummary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _fake_job(sweep_dir: Path, num: int, overrides: list[str], results: dict | None) -> None:
-    job = sweep_dir / str(num)
-    (job / ".hydra").mkdir(parents=True)
-    OmegaConf.save(OmegaConf.create({"hydra": {"job": {"num": num}}}), job / ".hydra/hydra.yaml")
-    OmegaConf.save(OmegaConf.create(overrides), job / ".hydra/overrides.yaml")
-    if results is not None:
-        RunDir(job).write_results(results)
 
 
 def _csv(path: Path) -> list[dict[str, str]]:

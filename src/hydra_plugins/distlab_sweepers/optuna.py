@@ -170,22 +170,10 @@ class DistlabOptunaSweeper(Sweeper):
                               f"this search would {self.direction} {self._field}: use "
                               "another hydra.sweep.dir or hydra.sweeper.study_name")
         self._study = study
-        if study.user_attrs.get("repeats", self.repeats) != self.repeats:
-            from distlab.errors import ConfigError
-
-            raise ConfigError(f"the study {self.study_name!r} in {self._location} ran "
-                              f"{study.user_attrs['repeats']} job(s) per trial; this search "
-                              f"sets hydra.sweeper.repeats={self.repeats}: keep it, or use "
-                              "another hydra.sweep.dir")
-        study.set_user_attr("repeats", self.repeats)
-        if study.user_attrs.get("objective", self._field) != self._field:
-            from distlab.errors import ConfigError
-
-            raise ConfigError(f"the study {self.study_name!r} in {self._location} ranks its "
-                              f"trials by {study.user_attrs['objective']}; this search by "
-                              f"objective={self._field}: keep it, or use another "
-                              "hydra.sweep.dir")
-        study.set_user_attr("objective", self._field)
+        self._keep(study, "repeats", self.repeats, "ran {} job(s) per trial; this search "
+                   f"sets hydra.sweeper.repeats={self.repeats}")
+        self._keep(study, "objective", self._field, "ranks its trials by {}; this search by "
+                   f"objective={self._field}")
         trials = study.get_trials(deepcopy=False)
         self._pending = [t.number for t in trials
                          if t.state == optuna.trial.TrialState.RUNNING]  # interrupted: rerun
@@ -222,6 +210,18 @@ class DistlabOptunaSweeper(Sweeper):
         if sweep_signals.stopping():  # (the summary and the one line: sweep_signals.broken)
             raise sweep_signals.Stopped("the search was stopped by a signal")
         return self._finish(study)
+
+    def _keep(self, study: Any, name: str, value: Any, differs: str) -> None:
+        """Record `value` as the study's `name`; refuse a resumed study that recorded another
+        (`differs` says how, `{}` standing for the recorded value)."""
+        held = study.user_attrs.get(name, value)
+        if held != value:
+            from distlab.errors import ConfigError
+
+            raise ConfigError(f"the study {self.study_name!r} in {self._location} "
+                              f"{differs.format(held)}: keep it, or use another "
+                              "hydra.sweep.dir")
+        study.set_user_attr(name, value)
 
     def _next(self) -> tuple[Any, list[str]] | None:
         """The next trial to launch (a relaunched one first) and its overrides; None: done."""

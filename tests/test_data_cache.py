@@ -214,3 +214,27 @@ def _read_concurrently(ds, root, name: str, jobs: int = 3) -> list[list[int]]:
         t.join(timeout=60)
     assert not errors and len(results) == jobs, errors
     return results
+
+
+def test_an_array_entry_is_computed_once_and_a_damaged_one_rebuilt(tmp_path, caplog):
+    calls = []
+
+    def labels():
+        calls.append(1)
+        return np.arange(7) % 3
+
+    disk = data_cache.DiskCache(tmp_path)
+    first = disk.array(labels, "d-train-labels-abc")
+    again = data_cache.DiskCache(tmp_path).array(labels, "d-train-labels-abc")  # the next run
+    np.testing.assert_array_equal(first, np.arange(7) % 3)
+    np.testing.assert_array_equal(again, first)
+    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "d-train-labels-abc.npy"]  # no temporary file left
+    entry = tmp_path / "d-train-labels-abc.npy"
+    entry.write_bytes(entry.read_bytes()[:-5])  # truncated
+    np.testing.assert_array_equal(disk.array(labels, "d-train-labels-abc"), first)
+    assert len(calls) == 2 and len(_cache_warnings(caplog)) == 1
+    assert "damaged" in _cache_warnings(caplog)[0]
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # unwritable: computed, no entry, the split entries warn
+    np.testing.assert_array_equal(data_cache.DiskCache(blocker).array(labels, "x"), first)

@@ -52,6 +52,25 @@ def test_held_out_fraction_is_disjoint_seeded_and_stratified(tiny_data_dir):
         == sum(round(0.25 * c) for c in counts)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 4096])
+def test_holding_out_by_chunks_picks_the_same_rows_as_row_by_row(chunk):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(23, 2, 2)).astype(np.float32), np.arange(23)
+    mask = rng.random(23) < 0.3
+    fixed = tf.data.Dataset.from_tensor_slices(({"a": x, "b": x[:, 0]}, y))
+    train, held = holdout.hold_out(fixed, mask, chunk=chunk)
+    assert train.element_spec == fixed.element_spec
+    assert [int(b) for _, b in train.as_numpy_iterator()] == list(y[~mask])
+    np.testing.assert_array_equal(np.stack([f["a"] for f, _ in held.as_numpy_iterator()]),
+                                  x[mask])
+    varying = tf.data.Dataset.from_generator(  # rows of varying length: one by one
+        lambda: ((np.ones(i % 4 + 1, np.float32), i) for i in range(23)),
+        output_signature=(tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int64)))
+    train, held = holdout.hold_out(varying, mask, chunk=chunk)
+    assert [int(b) for _, b in held.as_numpy_iterator()] == list(y[mask])
+    assert [len(a) for a, _ in train.as_numpy_iterator()] == [i % 4 + 1 for i in y[~mask]]
+
+
 def test_held_out_rows_rules():
     labels = np.array([0] * 10 + [1] * 30)
     mask = holdout.held_out_rows(labels, 40, 0.2, seed=0)

@@ -15,6 +15,7 @@ training starts and rebuilt, with one warning naming it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -24,9 +25,11 @@ import shutil
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from distlab.errors import first_line
@@ -92,6 +95,31 @@ class DiskCache:
                             "or set dataset.disk_cache=false", path, first_line(e))
                 return ds
         return _load(path, ds.element_spec)
+
+
+    def array(self, compute: Callable[[], np.ndarray], name: str) -> np.ndarray:
+        """The array of the entry `root/name.npy` (a split's labels: a small array that
+        tf.data would read back row by row): `compute()` saved first if missing, recomputed
+        (one warning) if unreadable; written to a temporary file and renamed into place, so a
+        reader never sees half of it."""
+        path = self.root / f"{name}.npy"
+        if path.is_file():
+            try:
+                return np.load(path, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as e:
+                log.warning("data cache: entry %s is damaged (%s); rebuilding it", path,
+                            first_line(e))
+        values = compute()
+        partial = self.root / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.npy"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            np.save(partial, values, allow_pickle=False)
+            os.replace(partial, path)
+        except OSError as e:  # the split entries, in the same root, say so once
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            log.debug("data cache: cannot write %s (%s)", path, first_line(e))
+        return values
 
 
 def cached(ds: tf.data.Dataset, root: Path, name: str) -> tf.data.Dataset:

@@ -20,6 +20,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.data import cache as data_cache
 from distlab.data import slices
 from distlab.data.holdout import class_labels, validation_choice, with_held_out
 from distlab.data.source import DataSource, RawSplits
@@ -144,19 +145,29 @@ def tfds_splits(cfg: DictConfig) -> RawSplits:
                                    validation_from=choice)
     if choice is None:
         return raw
-    labels = _tfds_labels(builder, cfg.train_split, x, y) if classes else None
+    labels = _tfds_labels(builder, cfg, x, y, cache_key) if classes else None
     return with_held_out(raw, labels, choice, cfg)
 
 
-def _tfds_labels(builder: tfds.core.DatasetBuilder, split: str, x: str | list[str],
-                 y: str) -> np.ndarray:
-    """The labels of a tfds split, in order, without decoding its inputs where tfds can."""
+def _tfds_labels(builder: tfds.core.DatasetBuilder, cfg: DictConfig, x: str | list[str],
+                 y: str, cache_key: dict[str, Any]) -> np.ndarray:
+    """The labels of the train split, in order, without decoding its inputs where tfds can;
+    kept in the disk cache (`dataset.disk_cache`) beside the decoded splits, since tfds still
+    parses every record to read them (seconds for 60,000 rows, on every run)."""
     skip = {k: tfds.decode.SkipDecoding() for k in (x if isinstance(x, list) else [x])}
     try:
-        ds = builder.as_dataset(split=split, shuffle_files=False, decoders=skip)
+        ds = builder.as_dataset(split=cfg.train_split, shuffle_files=False, decoders=skip)
     except (ValueError, TypeError, KeyError):
-        ds = builder.as_dataset(split=split, shuffle_files=False)
-    return class_labels(ds.map(lambda ex: (0, ex[y])))
+        ds = builder.as_dataset(split=cfg.train_split, shuffle_files=False)
+    labels = ds.map(lambda ex: (0, ex[y]))
+    if not cfg.disk_cache:
+        return class_labels(labels)
+    files = data_cache.files_signature(cache_key["data_dir"])
+    name = data_cache.entry_name(f"{cfg.name}-{cfg.train_split}-labels", {
+        **{k: v for k, v in cache_key.items() if k != "data_dir"}, "files": files,
+        "split": cfg.train_split, "spec": str(labels.element_spec)})
+    disk = data_cache.DiskCache(data_cache.cache_root(cfg.cache_dir))
+    return disk.array(lambda: class_labels(labels), name)
 
 
 def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tuple[Any, str]:

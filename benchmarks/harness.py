@@ -10,6 +10,7 @@ first is printed; the summary gives medians over rounds.
     python benchmarks/harness.py overhead --workload custom_fashion --pairs 3
     python benchmarks/harness.py tuned --pairs 2                 # 12-epoch tutorial vs tuned
     python benchmarks/harness.py fast --pairs 3                  # tutorial script vs mnist_fast
+    python benchmarks/harness.py fast --workload custom_fashion # custom-loop script vs fashion_fast
     python benchmarks/harness.py floor --pairs 3                 # tuned steady epoch / floor
     python benchmarks/harness.py reference                       # the two reference tables
     python benchmarks/harness.py scan-steps-per-loop --values 1,10,50,200
@@ -349,12 +350,21 @@ def tuned_variants(a: argparse.Namespace) -> list[Variant]:
     return [Variant("script (tutorial)", "script",
                     [KERAS_BASELINE, "--epochs", str(a.epochs), "--export", "--verbose", "2"]),
             Variant("distlab tuned", "distlab", ["experiment=tutorial_keras_mnist_tuned",
-                                                 f"trainer.epochs={a.epochs}", *a.extra])]
+                                                 f"trainer.epochs={a.epochs}", *a.extra]),
+            *(Variant(f"distlab tuned {c}", "distlab", [
+                "experiment=tutorial_keras_mnist_tuned", f"trainer.epochs={a.epochs}", *a.extra,
+                *c.split()]) for c in a.candidate)]
 
 
 def fast_variants(a: argparse.Namespace) -> list[Variant]:
-    # the tutorial script at its full 12 epochs, without export (its cheapest form), against
-    # the time-to-accuracy preset (no export either)
+    # the tutorial script at its full length against the time-to-accuracy preset (no export
+    # either): MNIST's 12 epochs without export (its cheapest form); Fashion-MNIST's custom
+    # loop as the tutorial runs it (10 epochs, a test pass each, a checkpoint every 2)
+    if a.workload == "custom_fashion":
+        return [Variant("script (custom-loop tutorial, 10 epochs)", "script",
+                        [CUSTOM_BASELINE, "--epochs", "10"], "fashion_mnist"),
+                Variant("distlab fashion_fast", "distlab",
+                        ["experiment=fashion_fast", QUIET, *a.extra], "fashion_mnist")]
     return [Variant("script (tutorial, 12 epochs)", "script",
                     [KERAS_BASELINE, "--epochs", "12", "--verbose", "2"]),
             Variant("distlab mnist_fast", "distlab", ["experiment=mnist_fast", QUIET, *a.extra])]
@@ -543,9 +553,13 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.add_parser("tuned", help="the tutorial script vs experiment=tutorial_keras_mnist_tuned")
     s.add_argument("--pairs", type=int, default=2)
     s.add_argument("--epochs", type=int, default=12)
+    s.add_argument("--candidate", action="append", default=[],
+                   help="also the tuned preset with these overrides (space-separated)")
     s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
 
-    s = sub.add_parser("fast", help="the 12-epoch tutorial script vs experiment=mnist_fast")
+    s = sub.add_parser("fast", help="the tutorial script vs experiment=mnist_fast (or, with "
+                       "--workload custom_fashion, the custom-loop one vs fashion_fast)")
+    s.add_argument("--workload", choices=["keras_mnist", "custom_fashion"], default="keras_mnist")
     s.add_argument("--pairs", type=int, default=3)
     s.add_argument("extra", nargs="*", help="extra overrides for the mnist_fast run")
 
@@ -634,7 +648,9 @@ def main(argv: list[str] | None = None) -> None:
         title = f"Tuned preset vs the hand-written tutorial script, {a.epochs} epochs"
     elif a.command == "fast":
         variants, rounds = fast_variants(a), a.pairs
-        title = "Time to accuracy: experiment=mnist_fast vs the 12-epoch tutorial script"
+        title = ("Time to accuracy: experiment=fashion_fast vs the custom-loop tutorial script"
+                 if a.workload == "custom_fashion" else
+                 "Time to accuracy: experiment=mnist_fast vs the 12-epoch tutorial script")
     elif a.command == "floor":
         variants, rounds = floor_variants(a), a.pairs
         title = f"Compute floor vs the tuned preset, {a.epochs} epochs"

@@ -116,12 +116,18 @@ def test_presets():
     assert list(custom.model.conv_filters) == [32, 64]
     assert custom.model.output_activation == "softmax"
     assert custom.dataset.batch_size_per_replica == 64 and custom.optimizer.name == "adam"
+    for fast, tutorial in (("mnist_fast", fit), ("fashion_fast", custom)):  # time to accuracy
+        cfg = compose_once([f"experiment={fast}"])
+        assert cfg.model == tutorial.model and cfg.dataset.name == tutorial.dataset.name
+        assert cfg.dataset.validation == "auto" and cfg.strategy.name == "default"
+        assert cfg.trainer.test_every == 0 and not cfg.trainer.export
 
 
 PINNED = {"tutorial_keras_mnist": ["strategy", "dataset", "model", "optimizer", "schedule",
                                    "loop"]}
-PINNED["tutorial_custom_fashion"] = PINNED["tutorial_keras_mnist_tuned"] = PINNED[
-    "mnist_fast"] = PINNED["tutorial_keras_mnist"]
+for _preset in ("tutorial_custom_fashion", "tutorial_keras_mnist_tuned", "mnist_fast",
+                "fashion_fast"):
+    PINNED[_preset] = PINNED["tutorial_keras_mnist"]
 
 
 @pytest.mark.parametrize("preset,group", [(p, g) for p, groups in PINNED.items()

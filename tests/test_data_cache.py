@@ -223,18 +223,35 @@ def test_an_array_entry_is_computed_once_and_a_damaged_one_rebuilt(tmp_path, cap
         calls.append(1)
         return np.arange(7) % 3
 
-    disk = data_cache.DiskCache(tmp_path)
-    first = disk.array(labels, "d-train-labels-abc")
-    again = data_cache.DiskCache(tmp_path).array(labels, "d-train-labels-abc")  # the next run
+    def problem(array):
+        return None if array.shape == (7,) and array.dtype.kind in "iu" else "not 7 labels"
+
+    def read(root=tmp_path):
+        return data_cache.DiskCache(root).array(labels, "d-train-labels-abc", problem)
+
+    first = read()
     np.testing.assert_array_equal(first, np.arange(7) % 3)
-    np.testing.assert_array_equal(again, first)
-    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()) == [
+    np.testing.assert_array_equal(read(), first)  # the next run reads it
+    assert len(calls) == 1 and sorted(p.name for p in tmp_path.iterdir()
+                                      if not p.name.endswith(".lock")) == [
         "d-train-labels-abc.npy"]  # no temporary file left
     entry = tmp_path / "d-train-labels-abc.npy"
-    entry.write_bytes(entry.read_bytes()[:-5])  # truncated
-    np.testing.assert_array_equal(disk.array(labels, "d-train-labels-abc"), first)
-    assert len(calls) == 2 and len(_cache_warnings(caplog)) == 1
-    assert "damaged" in _cache_warnings(caplog)[0]
+    damages = [lambda: entry.write_bytes(entry.read_bytes()[:-5]),  # truncated
+               lambda: entry.write_bytes(b"\x00garbage" * 50),
+               lambda: np.save(entry, np.arange(5)),  # another split's length
+               lambda: np.save(entry, np.zeros(7, np.float32))]  # not class labels
+    for i, damage in enumerate(damages, start=2):
+        damage()
+        np.testing.assert_array_equal(read(), first)
+        assert len(calls) == i and len(_cache_warnings(caplog)) == i - 1
+        assert "damaged" in _cache_warnings(caplog)[-1]
+        assert "pickle" not in _cache_warnings(caplog)[-1]
+    (tmp_path / ".d-train-labels-abc.npy.tmp-123-dead").write_bytes(b"x")  # a killed writer's
+    entry.unlink()
+    read()
+    assert not list(tmp_path.glob(".d-train-labels-abc.npy.tmp-*"))
     blocker = tmp_path / "file"
-    blocker.write_text("")  # unwritable: computed, no entry, the split entries warn
-    np.testing.assert_array_equal(data_cache.DiskCache(blocker).array(labels, "x"), first)
+    blocker.write_text("")  # unwritable: computed, one warning, no entry
+    caplog.clear()
+    np.testing.assert_array_equal(read(blocker), first)
+    assert len(_cache_warnings(caplog)) == 1 and "cannot write" in _cache_warnings(caplog)[0]

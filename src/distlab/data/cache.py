@@ -25,7 +25,8 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ log = logging.getLogger("distlab")
 FORMAT = 2  # bump when what an entry holds changes (2: the manifest)
 MANIFEST = "distlab-manifest.json"
 _CHUNK = 8 << 20
+_RUN: ContextVar[dict[Path, DiskCache] | None] = ContextVar("distlab_cache_run", default=None)
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -89,37 +91,74 @@ class DiskCache:
         except (OSError, tf.errors.OpError) as e:
             # (a concurrent writer's complete entry is fine)
             if not (path.is_dir() and check(path, ds.element_spec) is None):
-                self.unwritable = True
-                log.warning("data cache: cannot write %s (%s); going on without it. Point "
-                            "dataset.cache_dir (or DISTLAB_CACHE_DIR) at a writable directory, "
-                            "or set dataset.disk_cache=false", path, first_line(e))
+                self._cannot_write(path, e)
                 return ds
         return _load(path, ds.element_spec)
 
 
-    def array(self, compute: Callable[[], np.ndarray], name: str) -> np.ndarray:
+    def array(self, compute: Callable[[], np.ndarray], name: str,
+              problem: Callable[[np.ndarray], str | None] = lambda a: None) -> np.ndarray:
         """The array of the entry `root/name.npy` (a split's labels: a small array that
         tf.data would read back row by row): `compute()` saved first if missing, recomputed
-        (one warning) if unreadable; written to a temporary file and renamed into place, so a
-        reader never sees half of it."""
+        (one warning) if unreadable or if `problem(array)` names what is wrong with it;
+        written under the entry's lock to a temporary file renamed into place, so a reader
+        never sees half of it. If it cannot be written, `compute()`'s array (one warning per
+        run, as for the split entries)."""
         path = self.root / f"{name}.npy"
         if path.is_file():
             try:
-                return np.load(path, allow_pickle=False)
-            except (OSError, ValueError, EOFError) as e:
-                log.warning("data cache: entry %s is damaged (%s); rebuilding it", path,
-                            first_line(e))
+                found = np.load(path, allow_pickle=False)
+                why = problem(found)
+            except (OSError, ValueError, EOFError):
+                why = "not a readable .npy array"
+            if why is None:
+                return found
+            log.warning("data cache: entry %s is damaged (%s); rebuilding it", path, why)
         values = compute()
-        partial = self.root / f".{name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.npy"
+        if self.unwritable:
+            return values
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            np.save(partial, values, allow_pickle=False)
-            os.replace(partial, path)
-        except OSError as e:  # the split entries, in the same root, say so once
-            with contextlib.suppress(OSError):
-                partial.unlink(missing_ok=True)
-            log.debug("data cache: cannot write %s (%s)", path, first_line(e))
+            with open(self.root / f".{name}.npy.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                for orphan in self.root.glob(f".{name}.npy.tmp-*"):  # a killed writer's
+                    orphan.unlink(missing_ok=True)
+                tmp = self.root / f".{name}.npy.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                try:
+                    with open(tmp, "wb") as f:
+                        np.save(f, values, allow_pickle=False)
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
+        except OSError as e:
+            self._cannot_write(path, e)
         return values
+
+    def _cannot_write(self, path: Path, error: Exception) -> None:
+        """The root cannot be written: one warning, and the run's other entries go on without
+        the cache silently."""
+        self.unwritable = True
+        log.warning("data cache: cannot write %s (%s); going on without it. Point "
+                    "dataset.cache_dir (or DISTLAB_CACHE_DIR) at a writable directory, "
+                    "or set dataset.disk_cache=false", path, first_line(error))
+
+    @classmethod
+    def of(cls, root: Path) -> DiskCache:
+        """The run's cache at `root` inside `one_run()` (so the run warns once), else a new one."""
+        shared = _RUN.get()
+        if shared is None:
+            return cls(root)
+        return shared.setdefault(Path(root), cls(root))
+
+
+@contextlib.contextmanager
+def one_run() -> Iterator[None]:
+    """The data of one run is loaded inside: `DiskCache.of` gives every reader the same cache."""
+    token = _RUN.set({})
+    try:
+        yield
+    finally:
+        _RUN.reset(token)
 
 
 def cached(ds: tf.data.Dataset, root: Path, name: str) -> tf.data.Dataset:

@@ -41,6 +41,11 @@ def source_for(name: str) -> DataSource:
 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
     """Load `cfg` (the dataset node) for `num_replicas` replicas."""
+    with data_cache.one_run():  # one disk cache for the run's readers: one warning at most
+        return _load(cfg, num_replicas, seed, steps_per_epoch)
+
+
+def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None) -> Data:
     origin = source_for(cfg.name)
     splits = dataclasses.replace(origin.splits(cfg), origin=origin)
     raw_train, raw_test = splits.train, splits.test
@@ -55,7 +60,7 @@ def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | N
     ready = {split: ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
              for split, ds in named.items()}
     if cfg.disk_cache and cache_key is not None:  # tfds only: a user's data has no version
-        disk = data_cache.DiskCache(data_cache.cache_root(cfg.cache_dir))  # one per run
+        disk = data_cache.DiskCache.of(data_cache.cache_root(cfg.cache_dir))  # the run's
         files = data_cache.files_signature(cache_key.pop("data_dir"))  # only when caching
         inputs = {**cache_key, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
         ready = {split: disk.cached(ds, data_cache.entry_name(

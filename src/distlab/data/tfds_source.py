@@ -145,12 +145,12 @@ def tfds_splits(cfg: DictConfig) -> RawSplits:
                                    validation_from=choice)
     if choice is None:
         return raw
-    labels = _tfds_labels(builder, cfg, x, y, cache_key) if classes else None
+    labels = _tfds_labels(builder, cfg, x, y, cache_key, sizes[0]) if classes else None
     return with_held_out(raw, labels, choice, cfg)
 
 
 def _tfds_labels(builder: tfds.core.DatasetBuilder, cfg: DictConfig, x: str | list[str],
-                 y: str, cache_key: dict[str, Any]) -> np.ndarray:
+                 y: str, cache_key: dict[str, Any], rows: int) -> np.ndarray:
     """The labels of the train split, in order, without decoding its inputs where tfds can;
     kept in the disk cache (`dataset.disk_cache`) beside the decoded splits, since tfds still
     parses every record to read them (seconds for 60,000 rows, on every run)."""
@@ -166,8 +166,19 @@ def _tfds_labels(builder: tfds.core.DatasetBuilder, cfg: DictConfig, x: str | li
     name = data_cache.entry_name(f"{cfg.name}-{cfg.train_split}-labels", {
         **{k: v for k, v in cache_key.items() if k != "data_dir"}, "files": files,
         "split": cfg.train_split, "spec": str(labels.element_spec)})
-    disk = data_cache.DiskCache(data_cache.cache_root(cfg.cache_dir))
-    return disk.array(lambda: class_labels(labels), name)
+    disk = data_cache.DiskCache.of(data_cache.cache_root(cfg.cache_dir))
+    return disk.array(lambda: class_labels(labels), name, problem=_not_labels_of(rows))
+
+
+def _not_labels_of(rows: int):
+    """What is wrong with an array given as the class labels of a split of `rows` rows."""
+    def problem(array: np.ndarray) -> str | None:
+        if array.shape != (rows,):
+            return f"{array.shape} labels, the split has {rows} rows"
+        if array.dtype.kind not in "iu":
+            return f"{array.dtype} labels, class labels are integers"
+        return None
+    return problem
 
 
 def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tuple[Any, str]:

@@ -344,16 +344,19 @@ def overhead_variants(a: argparse.Namespace) -> list[Variant]:
                     "fashion_mnist")]
 
 
+def tuned_and_candidates(args: list[str], candidates: list[str]) -> list[Variant]:
+    """The tuned preset with `args`, then with each candidate's overrides added."""
+    return [Variant("distlab tuned", "distlab", args),
+            *(Variant(f"distlab tuned {c}", "distlab", [*args, *c.split()]) for c in candidates)]
+
+
 def tuned_variants(a: argparse.Namespace) -> list[Variant]:
     # The tutorial as written: no per-epoch validation, SavedModel export; the tuned preset
     # also exports (trainer.export=true) and evaluates at the end.
     return [Variant("script (tutorial)", "script",
                     [KERAS_BASELINE, "--epochs", str(a.epochs), "--export", "--verbose", "2"]),
-            Variant("distlab tuned", "distlab", ["experiment=tutorial_keras_mnist_tuned",
-                                                 f"trainer.epochs={a.epochs}", *a.extra]),
-            *(Variant(f"distlab tuned {c}", "distlab", [
-                "experiment=tutorial_keras_mnist_tuned", f"trainer.epochs={a.epochs}", *a.extra,
-                *c.split()]) for c in a.candidate)]
+            *tuned_and_candidates(["experiment=tutorial_keras_mnist_tuned",
+                                   f"trainer.epochs={a.epochs}", *a.extra], a.candidate)]
 
 
 def fast_variants(a: argparse.Namespace) -> list[Variant]:
@@ -376,9 +379,7 @@ def floor_variants(a: argparse.Namespace) -> list[Variant]:
     tuned = ["experiment=tutorial_keras_mnist_tuned", f"trainer.epochs={a.epochs}",
              "trainer.export=false", QUIET, *a.extra]
     return [Variant("floor", "script", [FLOOR, "--epochs", str(a.epochs)]),
-            Variant("distlab tuned", "distlab", tuned),
-            *(Variant(f"distlab tuned {c}", "distlab", [*tuned, *c.split()])
-              for c in a.candidate)]
+            *tuned_and_candidates(tuned, a.candidate)]
 
 
 def steady_epoch(rec: Record) -> float | None:

@@ -59,6 +59,13 @@ def files_signature(directory: str | os.PathLike) -> list[tuple[str, int, int]]:
                   for p in root.rglob("*") if p.is_file())
 
 
+def source_inputs(cache_key: dict[str, Any]) -> dict[str, Any]:
+    """What a source's entries depend on: its cache key (dataset, version, features) with its
+    `data_dir` replaced by the prepared files' signature."""
+    inputs = {k: v for k, v in cache_key.items() if k != "data_dir"}
+    return {**inputs, "files": files_signature(cache_key["data_dir"])}
+
+
 def entry_name(label: str, inputs: dict[str, Any]) -> str:
     """`<label>-<hash of inputs>`: the directory name of a cache entry."""
     payload = json.dumps({"format": FORMAT, "tensorflow": tf.__version__, **inputs},
@@ -94,7 +101,6 @@ class DiskCache:
                 self._cannot_write(path, e)
                 return ds
         return _load(path, ds.element_spec)
-
 
     def array(self, compute: Callable[[], np.ndarray], name: str,
               problem: Callable[[np.ndarray], str | None] = lambda a: None) -> np.ndarray:

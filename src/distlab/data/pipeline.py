@@ -49,7 +49,7 @@ def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | 
     origin = source_for(cfg.name)
     splits = dataclasses.replace(origin.splits(cfg), origin=origin)
     raw_train, raw_test = splits.train, splits.test
-    cache_key = dict(splits.cache_key) if splits.cache_key is not None else None
+    cache_key = splits.cache_key
     raw_input = raw_train.element_spec[0]
     preprocess = make_preprocess(cfg.preprocess, raw_input)
     gb = cfg.batch_size_per_replica * num_replicas
@@ -61,8 +61,8 @@ def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | 
              for split, ds in named.items()}
     if cfg.disk_cache and cache_key is not None:  # tfds only: a user's data has no version
         disk = data_cache.DiskCache.of(data_cache.cache_root(cfg.cache_dir))  # the run's
-        files = data_cache.files_signature(cache_key.pop("data_dir"))  # only when caching
-        inputs = {**cache_key, "files": files, "preprocess": OmegaConf.to_container(cfg.preprocess)}
+        inputs = {**data_cache.source_inputs(cache_key),  # (files read only when caching)
+                  "preprocess": OmegaConf.to_container(cfg.preprocess)}
         ready = {split: disk.cached(ds, data_cache.entry_name(
             f"{cfg.name}-{split}", {**inputs, "split": split, "spec": str(ds.element_spec)}))
             for split, ds in ready.items()}

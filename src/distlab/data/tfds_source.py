@@ -162,10 +162,9 @@ def _tfds_labels(builder: tfds.core.DatasetBuilder, cfg: DictConfig, x: str | li
     labels = ds.map(lambda ex: (0, ex[y]))
     if not cfg.disk_cache:
         return class_labels(labels)
-    files = data_cache.files_signature(cache_key["data_dir"])
     name = data_cache.entry_name(f"{cfg.name}-{cfg.train_split}-labels", {
-        **{k: v for k, v in cache_key.items() if k != "data_dir"}, "files": files,
-        "split": cfg.train_split, "spec": str(labels.element_spec)})
+        **data_cache.source_inputs(cache_key), "split": cfg.train_split,
+        "spec": str(labels.element_spec)})
     disk = data_cache.DiskCache.of(data_cache.cache_root(cfg.cache_dir))
     return disk.array(lambda: class_labels(labels), name, problem=_not_labels_of(rows))
 

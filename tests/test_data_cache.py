@@ -117,10 +117,11 @@ def test_a_truncated_entry_is_rebuilt_before_use(tiny_data_dir, tmp_path, caplog
     shutil.copytree(built_cache, tmp_path / "cache")  # as _load(tiny_data_dir, it) writes
     entries = _entries(tmp_path / "cache")
     (entry,) = (tmp_path / "cache").glob("mnist-test-*")
-    intact = [x.numpy() for x, _ in tf.data.Dataset.load(str(entry))]
+    stored = tf.data.Dataset.load(str(entry))  # fixed-shape rows: stored in chunks
+    intact = [x.numpy() for x, _ in stored.unbatch()]
     shard = _shard(entry)
-    if how == "records":  # a shard of the first 48 records: Dataset.load still says 192
-        tf.data.Dataset.load(str(entry)).take(48).save(str(tmp_path / "short"))
+    if how == "records":  # a shard of the first 48 rows: Dataset.load still says 192
+        stored.unbatch().take(48).batch(data_cache.CHUNK_ROWS).save(str(tmp_path / "short"))
         shutil.copyfile(_shard(tmp_path / "short"), shard)
     else:
         os.truncate(shard, shard.stat().st_size // 2)
@@ -255,3 +256,14 @@ def test_an_array_entry_is_computed_once_and_a_damaged_one_rebuilt(tmp_path, cap
     caplog.clear()
     np.testing.assert_array_equal(read(blocker), first)
     assert len(_cache_warnings(caplog)) == 1 and "cannot write" in _cache_warnings(caplog)[0]
+
+
+def test_fixed_shape_rows_are_stored_in_chunks_and_read_back_row_by_row(tmp_path):
+    fixed = tf.data.Dataset.range(5000).map(lambda x: (tf.fill([3], x), x))
+    varying = tf.data.Dataset.range(10).map(lambda x: tf.range(x))
+    for name, ds, rows, stored in [("fixed", fixed, 5000, 2), ("varying", varying, 10, 10)]:
+        loaded = data_cache.cached(ds, tmp_path, name)
+        assert int(tf.data.Dataset.load(str(tmp_path / name)).cardinality()) == stored
+        assert int(loaded.cardinality()) == rows
+        for a, b in zip(loaded.as_numpy_iterator(), ds.as_numpy_iterator(), strict=True):
+            tf.nest.map_structure(np.testing.assert_array_equal, a, b)

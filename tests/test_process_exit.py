@@ -1,0 +1,44 @@
+"""A process whose runs are complete ends without the interpreter's teardown
+(`distlab.cli.end_process_now`): exit handlers run and output is flushed first; a cluster
+worker, or a process with a thread still running that the interpreter would wait for, ends
+as usual."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PROGRAM = """
+import atexit, sys, threading, types
+sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))  # as after a run
+from distlab.cli import end_process_now
+atexit.register(lambda: open(sys.argv[1], "w").write("handler ran"))
+release = threading.Event()
+if sys.argv[2] == "thread":
+    threading.Thread(target=release.wait).start()
+print("written before the end", end="")  # buffered: a pipe
+end_process_now()
+print(" | returned", end="")
+release.set()
+"""
+
+
+@pytest.mark.parametrize("case", ["complete", "cluster worker", "thread"])
+def test_a_complete_process_ends_after_its_exit_handlers_with_its_output(tmp_path, case):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env.pop("TF_CONFIG", None)
+    env.pop("SLURM_PROCID", None)
+    if case == "cluster worker":
+        env["TF_CONFIG"] = '{"cluster": {"worker": ["localhost:1"]}}'
+    marker = tmp_path / "handler"
+    done = subprocess.run([sys.executable, "-c", PROGRAM, str(marker), case], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert marker.read_text() == "handler ran"
+    ended_early = case == "complete"
+    assert done.stdout == "written before the end" + ("" if ended_early else " | returned")

@@ -9,6 +9,7 @@ Importing this module does not import TensorFlow, so `--cfg job` and `--help` st
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import sys
@@ -83,16 +84,18 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
 def end_process_now() -> None:
     """End a process whose runs are complete without the interpreter's teardown (TensorFlow's
-    objects: 1.3-2.4 s, docs/BENCHMARKS.md section 19): the exit handlers run (logging,
-    MLflow, launchers' pools), output is flushed, exit status 0. Not in a worker of a
-    cluster (its coordination service shuts down with the interpreter), nor while another
-    thread that the interpreter would wait for still runs; nor without TensorFlow (nothing
-    to gain)."""
+    objects: 1.3-2.4 s, docs/BENCHMARKS.md section 19): unreachable objects are collected
+    first (a summary writer a callback left open flushes as it is deleted), the exit
+    handlers run (logging, MLflow, launchers' pools), output is flushed, exit status 0. Not
+    in a worker of a cluster (its coordination service shuts down with the interpreter), nor
+    while another thread that the interpreter would wait for still runs; nor without
+    TensorFlow (nothing to gain)."""
     if ("tensorflow" not in sys.modules or "TF_CONFIG" in os.environ
             or "SLURM_PROCID" in os.environ
             or any(t is not threading.main_thread() and not t.daemon and t.is_alive()
                    for t in threading.enumerate())):
         return
+    gc.collect()
     atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -242,8 +242,17 @@ def _stored(path: Path, element_spec: Any, chunk: int) -> tf.data.Dataset:
     return tf.data.Dataset.load(str(path), element_spec=element_spec)
 
 
+def _rows(stored: tf.data.Dataset, chunk: int) -> int:
+    """The rows of an entry's stored elements (chunks of `chunk` rows, or rows if 0)."""
+    if not chunk:
+        return int(stored.cardinality())
+    return int(stored.reduce(np.int64(0), lambda n, batch: n + tf.shape(
+        tf.nest.flatten(batch)[0], out_type=tf.int64)[0]))
+
+
 def _chunk_rows(element_spec: Any) -> int:
-    """Rows per stored element: `CHUNK_ROWS` for examples of a fixed shape, else 1 (0)."""
+    """Rows per stored element: `CHUNK_ROWS` for examples of a fixed shape, else 0 (stored
+    row by row)."""
     specs = tf.nest.flatten(element_spec)
     fixed = all(isinstance(s, tf.TensorSpec) and s.shape.is_fully_defined() for s in specs)
     return CHUNK_ROWS if fixed else 0
@@ -268,10 +277,7 @@ def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
         chunk = _chunk_rows(ds.element_spec)
         try:
             (ds.batch(chunk) if chunk else ds).save(str(tmp))
-            stored = _stored(tmp, ds.element_spec, chunk)
-            rows = int(stored.reduce(np.int64(0), lambda n, b: n + tf.cast(
-                tf.shape(tf.nest.flatten(b)[0])[0], tf.int64))) if chunk else int(
-                stored.cardinality())
+            rows = _rows(_stored(tmp, ds.element_spec, chunk), chunk)
             files = {f: [(tmp / f).stat().st_size, _crc32(tmp / f)] for f in _files(tmp)}
             (tmp / MANIFEST).write_text(json.dumps({"format": FORMAT, "rows": rows,
                                                     "chunk": chunk, "files": files}))

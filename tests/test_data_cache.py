@@ -264,6 +264,6 @@ def test_fixed_shape_rows_are_stored_in_chunks_and_read_back_row_by_row(tmp_path
     for name, ds, rows, stored in [("fixed", fixed, 5000, 2), ("varying", varying, 10, 10)]:
         loaded = data_cache.cached(ds, tmp_path, name)
         assert int(tf.data.Dataset.load(str(tmp_path / name)).cardinality()) == stored
-        assert int(loaded.cardinality()) == rows
+        assert sum(1 for _ in loaded) == rows
         for a, b in zip(loaded.as_numpy_iterator(), ds.as_numpy_iterator(), strict=True):
             tf.nest.map_structure(np.testing.assert_array_equal, a, b)

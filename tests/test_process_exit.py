@@ -1,7 +1,7 @@
 """A process whose runs are complete ends without the interpreter's teardown
-(`distlab.cli.end_process_now`): exit handlers run and output is flushed first; a cluster
-worker, or a process with a thread still running that the interpreter would wait for, ends
-as usual."""
+(`distlab.cli.end_process_now`): exit handlers run and output (and every open file) is
+flushed first; a cluster worker, or a process with a thread still running that the
+interpreter would wait for, ends as usual."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ import atexit, sys, threading, types
 sys.modules.setdefault("tensorflow", types.ModuleType("tensorflow"))  # as after a run
 from distlab.cli import end_process_now
 atexit.register(lambda: open(sys.argv[1], "w").write("handler ran"))
+held = open(sys.argv[3], "w")  # kept open in a global: its buffer is written at the end
+held.write("a buffered line")
 release = threading.Event()
 if sys.argv[2] == "thread":
     threading.Thread(target=release.wait).start()
@@ -36,9 +38,11 @@ def test_a_complete_process_ends_after_its_exit_handlers_with_its_output(tmp_pat
     if case == "cluster worker":
         env["TF_CONFIG"] = '{"cluster": {"worker": ["localhost:1"]}}'
     marker = tmp_path / "handler"
-    done = subprocess.run([sys.executable, "-c", PROGRAM, str(marker), case], env=env,
+    held = tmp_path / "held.txt"
+    done = subprocess.run([sys.executable, "-c", PROGRAM, str(marker), case, str(held)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert marker.read_text() == "handler ran"
+    assert held.read_text() == "a buffered line"
     ended_early = case == "complete"
     assert done.stdout == "written before the end" + ("" if ended_early else " | returned")

@@ -85,13 +85,13 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
 def end_process_now() -> None:
     """End a process whose runs are complete without the interpreter's teardown (TensorFlow's
-    objects: 1.3-2.4 s, docs/BENCHMARKS.md section 19): unreachable objects are collected
-    first (a summary writer a callback left open flushes as it is deleted), the exit
-    handlers run (logging, MLflow, launchers' pools), every open Python file is flushed
-    (one a callback kept in a module global), exit status 0. Not
-    in a worker of a cluster (its coordination service shuts down with the interpreter), nor
-    while another thread that the interpreter would wait for still runs; nor without
-    TensorFlow (nothing to gain)."""
+    objects: 1.3-2.4 s, docs/BENCHMARKS.md section 19). First unreachable objects are
+    collected (a summary writer a callback left open flushes as it is deleted), the exit
+    handlers run (logging, MLflow, launchers' pools), output and every open Python file (one
+    a callback kept in a module global) are flushed; exit status 0. Not in a worker of a
+    cluster (its coordination service shuts down with the interpreter), nor while another
+    thread that the interpreter would wait for still runs, nor without TensorFlow (nothing
+    to gain)."""
     if ("tensorflow" not in sys.modules or "TF_CONFIG" in os.environ
             or "SLURM_PROCID" in os.environ
             or any(t is not threading.main_thread() and not t.daemon and t.is_alive()
@@ -100,19 +100,14 @@ def end_process_now() -> None:
     gc.collect()
     atexit._run_exitfuncs()
     logging.shutdown()
-    for stream in [sys.stdout, sys.stderr, *_open_files()]:
+    for stream in [sys.stdout, sys.stderr,
+                   *(obj for obj in gc.get_objects() if isinstance(obj, io.IOBase))]:
         try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or a broken pipe: nothing more to write
+            if not stream.closed and stream.writable():
+                stream.flush()
+        except (OSError, ValueError, AttributeError):  # a broken pipe, a detached buffer
             pass
     os._exit(0)
-
-
-def _open_files() -> list[io.IOBase]:
-    """Python file objects still open (a callback's file kept in a module global): their
-    buffers are written when the interpreter tears them down, which `os._exit` skips."""
-    return [obj for obj in gc.get_objects()
-            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable()]
 
 
 def check_config_dir_args(argv: list[str]) -> str | None:

@@ -133,9 +133,9 @@ class DiskCache:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.root / f".{name}.npy.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                for orphan in self.root.glob(f".{name}.npy.tmp-*"):  # a killed writer's
+                for orphan in _orphans(self.root, f"{name}.npy", "tmp"):  # a killed writer's
                     orphan.unlink(missing_ok=True)
-                tmp = self.root / f".{name}.npy.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                tmp = _private(self.root, f"{name}.npy", "tmp")
                 try:
                     with open(tmp, "wb") as f:
                         np.save(f, values, allow_pickle=False)
@@ -255,6 +255,18 @@ def _chunk_rows(element_spec: Any) -> int:
     return CHUNK_ROWS if fixed else 0
 
 
+def _private(root: Path, name: str, kind: str) -> Path:
+    """A path of this process beside the entry `name` ("tmp": being written, "bad": damaged,
+    being deleted), hidden from readers, which look for `name` only."""
+    return root / f".{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _orphans(root: Path, name: str, *kinds: str) -> list[Path]:
+    """The `_private` paths of `kinds` beside the entry `name` (left by a killed process when
+    found under the entry's lock)."""
+    return [p for kind in kinds for p in root.glob(f".{name}.{kind}-*")]
+
+
 def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
     path = root / name
     with open(root / f".{name}.lock", "w") as lock:
@@ -264,12 +276,12 @@ def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
             if problem is None:  # written (or rebuilt) by another job meanwhile
                 return
             log.warning("data cache: entry %s is damaged (%s); rebuilding it", path, problem)
-            damaged = root / f".{name}.bad-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            damaged = _private(root, name, "bad")
             os.rename(path, damaged)  # readers now find no entry, never a half-deleted one
             shutil.rmtree(damaged, ignore_errors=True)
-        for orphan in [*root.glob(f".{name}.tmp-*"), *root.glob(f".{name}.bad-*")]:
+        for orphan in _orphans(root, name, "tmp", "bad"):
             shutil.rmtree(orphan, ignore_errors=True)  # left by a job that was killed
-        tmp = root / f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = _private(root, name, "tmp")
         started = time.time()
         chunk = _chunk_rows(ds.element_spec)
         try:

@@ -100,8 +100,10 @@ def end_process_now() -> None:
     gc.collect()
     atexit._run_exitfuncs()
     logging.shutdown()
+    # type(obj), not isinstance: isinstance also asks obj.__class__, which a proxy answers
+    # by loading what it stands for (tfds' lazy builders: imports and a warning each)
     for stream in [sys.stdout, sys.stderr,
-                   *(obj for obj in gc.get_objects() if isinstance(obj, io.IOBase))]:
+                   *(obj for obj in gc.get_objects() if issubclass(type(obj), io.IOBase))]:
         try:
             if not stream.closed and stream.writable():
                 stream.flush()

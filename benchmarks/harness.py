@@ -153,6 +153,20 @@ def end_gap(run_log: Path) -> float | None:
     return test - last_epoch if test is not None and last_epoch is not None else None
 
 
+def warm_up(variants: list[Variant], out: Path, repo: Path, env: dict[str, str],
+            timeout: float, tag: str) -> None:
+    """One untimed epoch of each distlab variant before the rounds, so that every timed run
+    finds distlab's data cache warm (a first run on a machine writes it: about 5-6 s for
+    MNIST or Fashion-MNIST), as repeated runs do; `--no-warm-up` times a cold first round."""
+    for v in variants:
+        if v.kind != "distlab":
+            continue
+        warm = Variant(v.name, v.kind, [*v.args, "trainer.epochs=1"], v.dataset, v.repo)
+        rec = run_once(warm, out / tag / f"warm_up_{_slug(v.name)}", repo, env, 0, timeout)
+        print(f"[{tag}] warm-up (untimed, 1 epoch) {v.name}: "
+              + ("done" if rec.ok else f"FAILED (exit {rec.returncode})"), flush=True)
+
+
 def alternate(variants: list[Variant], rounds: int, out: Path, repo: Path,
               env: dict[str, str], timeout: float, tag: str) -> list[Record]:
     """Rounds of A B (C ...); prints each run and each round's ratios to the first."""
@@ -542,6 +556,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="TFDS_DATA_DIR for every run (default: $TFDS_DATA_DIR, else "
                         "../shared/tensorflow_datasets next to the repo)")
     p.add_argument("--timeout", type=float, default=3600, help="per-run limit, seconds")
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="no untimed epoch of each distlab variant first (its data cache warm)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("overhead", help="hand-written script vs distlab, same settings")
@@ -679,6 +695,8 @@ def main(argv: list[str] | None = None) -> None:
         variants, rounds = candidate_variants(a), a.rounds
         title = (f"Tuned-preset candidates, {a.epochs} epochs "
                  "(each on experiment=tutorial_keras_mnist)")
+    if a.warm_up:
+        warm_up(variants, out, repo, env, a.timeout, a.command)
     records = alternate(variants, rounds, out, repo, env, a.timeout, a.command)
     report(a.command, title, records, variants, out, meta)
     if a.command == "floor":

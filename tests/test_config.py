@@ -121,6 +121,7 @@ def test_presets():
         assert cfg.model == tutorial.model and cfg.dataset.name == tutorial.dataset.name
         assert cfg.dataset.validation == "auto" and cfg.strategy.name == "default"
         assert cfg.trainer.test_every == 0 and not cfg.trainer.export
+        assert (cfg.loop.name, cfg.loop.steps_per_loop) == ("custom", 50)
 
 
 PINNED = {"tutorial_keras_mnist": ["strategy", "dataset", "model", "optimizer", "schedule",

@@ -33,6 +33,7 @@ and `<out>/<command>.md`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -161,7 +162,7 @@ def warm_up(variants: list[Variant], out: Path, repo: Path, env: dict[str, str],
     for v in variants:
         if v.kind != "distlab":
             continue
-        warm = Variant(v.name, v.kind, [*v.args, "trainer.epochs=1"], v.dataset, v.repo)
+        warm = dataclasses.replace(v, args=[*v.args, "trainer.epochs=1"])
         rec = run_once(warm, out / tag / f"warm_up_{_slug(v.name)}", repo, env, 0, timeout)
         print(f"[{tag}] warm-up (untimed, 1 epoch) {v.name}: "
               + ("done" if rec.ok else f"FAILED (exit {rec.returncode})"), flush=True)

@@ -131,8 +131,7 @@ class DiskCache:
             return values
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.root / f".{name}.npy.lock", "w") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with _locked(self.root, f"{name}.npy"):
                 for orphan in _orphans(self.root, f"{name}.npy", "tmp"):  # a killed writer's
                     orphan.unlink(missing_ok=True)
                 tmp = _private(self.root, f"{name}.npy", "tmp")
@@ -261,6 +260,14 @@ def _private(root: Path, name: str, kind: str) -> Path:
     return root / f".{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+@contextlib.contextmanager
+def _locked(root: Path, name: str) -> Iterator[None]:
+    """The entry `name`'s lock (`.<name>.lock`), held by this process until the block ends."""
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _orphans(root: Path, name: str, *kinds: str) -> list[Path]:
     """The `_private` paths of `kinds` beside the entry `name` (left by a killed process when
     found under the entry's lock)."""
@@ -269,8 +276,7 @@ def _orphans(root: Path, name: str, *kinds: str) -> list[Path]:
 
 def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
     path = root / name
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another job writing it: wait, then use its entry
+    with _locked(root, name):  # another job writing it: wait, then use its entry
         if path.is_dir():
             problem = check(path, ds.element_spec)
             if problem is None:  # written (or rebuilt) by another job meanwhile

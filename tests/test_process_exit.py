@@ -1,7 +1,9 @@
 """A process whose runs are complete ends without the interpreter's teardown
 (`distlab.cli.end_process_now`): exit handlers run and output (and every open file) is
 flushed first; a cluster worker, or a process with a thread still running that the
-interpreter would wait for, ends as usual."""
+interpreter would wait for, ends as usual. A process pool left running (a joblib sweep's
+loky workers) is shut down as at the interpreter's exit, not waited for (the test's timeout
+is under loky's 300 s idle timeout)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,12 @@ proxy = Proxy()
 release = threading.Event()
 if sys.argv[2] == "thread":
     threading.Thread(target=release.wait).start()
+if sys.argv[2] == "process pool":  # joblib's loky workers idle 300 s before they end;
+    from joblib import Parallel, delayed  # started from a daemon thread (distlab's Optuna
+    pool = threading.Thread(  # sweeper with n_jobs=2), the pool's own thread is a daemon
+        target=lambda: Parallel(n_jobs=2)(delayed(abs)(-i) for i in range(4)), daemon=True)
+    pool.start()
+    pool.join()
 print("written before the end", end="")  # buffered: a pipe
 end_process_now()
 print(" | returned", end="")
@@ -35,7 +43,7 @@ release.set()
 """
 
 
-@pytest.mark.parametrize("case", ["complete", "cluster worker", "thread"])
+@pytest.mark.parametrize("case", ["complete", "cluster worker", "thread", "process pool"])
 def test_a_complete_process_ends_after_its_exit_handlers_with_its_output(tmp_path, case):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     env.pop("TF_CONFIG", None)
@@ -50,5 +58,5 @@ def test_a_complete_process_ends_after_its_exit_handlers_with_its_output(tmp_pat
     assert marker.read_text() == "handler ran"
     assert held.read_text() == "a buffered line"
     assert not Path(f"{marker}.proxy").exists()  # looking for open files touched no object
-    ended_early = case == "complete"
+    ended_early = case in ("complete", "process pool")
     assert done.stdout == "written before the end" + ("" if ended_early else " | returned")

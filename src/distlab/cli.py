@@ -87,12 +87,11 @@ def end_process_now() -> None:
     """End a process whose runs are complete without the interpreter's teardown (TensorFlow's
     objects: 1.3-2.4 s, docs/BENCHMARKS.md section 19). First unreachable objects are
     collected (a summary writer a callback left open flushes as it is deleted), the exit
-    handlers run as at the interpreter's exit (threading's, then atexit's: logging, MLflow,
-    launchers' pools), output and every open Python file (one
-    a callback kept in a module global) are flushed; exit status 0. Not in a worker of a
-    cluster (its coordination service shuts down with the interpreter), nor while another
-    thread that the interpreter would wait for still runs, nor without TensorFlow (nothing
-    to gain)."""
+    handlers run in the interpreter's order (threading's, then atexit's: launchers' pools,
+    logging, MLflow), output and every open Python file (one a callback kept in a module
+    global) are flushed; exit status 0. Not in a worker of a cluster (its coordination
+    service shuts down with the interpreter), nor while another thread that the interpreter
+    would wait for still runs, nor without TensorFlow (nothing to gain)."""
     if ("tensorflow" not in sys.modules or "TF_CONFIG" in os.environ
             or "SLURM_PROCID" in os.environ
             or any(t is not threading.main_thread() and not t.daemon and t.is_alive()
@@ -102,7 +101,8 @@ def end_process_now() -> None:
     # the interpreter's order: threading's exit callbacks first (they shut process pools
     # down: joblib's loky workers, concurrent.futures), then the atexit handlers (among
     # them multiprocessing's, which joins the pools' processes: without the first, loky's
-    # idle workers kept a joblib sweep's process alive 300 s)
+    # idle workers kept a joblib sweep's process alive 300 s). threading._shutdown is what
+    # CPython's own exit calls (private, unchanged in 3.10-3.12; tests/test_process_exit.py)
     threading._shutdown()
     atexit._run_exitfuncs()
     logging.shutdown()

@@ -211,6 +211,22 @@ def test_a_signal_after_training_ends_the_stage_and_the_rerun_completes_it(
         assert done["best_test_loss"] is not None
 
 
+def test_a_signal_after_the_last_training_step_says_training_is_kept():
+    """A signal noted after the loop's last poll (the training stage's end: leftover
+    gradients, closing the loop) ends the job saying that training is done and kept, not
+    that nothing was trained (a sweep's Ctrl-C reaching a job as its epochs ended)."""
+    from distlab.distribute.preemption import TRAINING, Interrupted, StopRequest
+
+    stop = StopRequest()
+    stop.begin(TRAINING, polled=True)
+    stop.signum = signal.SIGTERM  # what the handler notes in a polled stage
+    with pytest.raises(Interrupted) as stopped:
+        stop.check()  # runner._train_epochs, once the loop has returned
+    line = str(stopped.value)
+    assert "after the training's last step; training is done and kept" in line, line
+    assert "before anything was trained" not in line and stopped.value.stage == TRAINING
+
+
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
 def test_nan_loss_stops_with_a_clear_message(loop, tiny_data_dir, tmp_path, run_inprocess,
                                              caplog):

@@ -101,6 +101,33 @@ def test_search_space_in_hydras_override_grammar():
     assert fixed == {"seed": "3"}
 
 
+def test_a_signal_another_thread_took_is_handled_while_the_trial_threads_run():
+    """With hydra.sweeper.n_jobs=2 the sweep's main thread waits for its trial threads. A
+    signal the kernel gives to another thread (OpenBLAS starts one, SIGINT unblocked, before
+    the sweep blocks SIGINT) runs its handler in the main thread, the one that stops the
+    jobs: while it waits (`sweep_signals.join`), not once the trials end (an untimed join)."""
+    import signal
+    import threading
+
+    from distlab.launch import sweep_signals
+
+    assert threading.current_thread() is threading.main_thread()
+    handled = threading.Event()
+    bystander = threading.Thread(target=handled.wait, args=(60,), daemon=True)
+    ended_by_handler: list[bool] = []
+    trial = threading.Thread(target=lambda: ended_by_handler.append(handled.wait(60)),
+                             daemon=True)  # a trial that runs until the signal is handled
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.set())
+    try:
+        bystander.start()
+        trial.start()
+        signal.pthread_kill(bystander.ident, signal.SIGUSR1)
+        sweep_signals.join([trial])
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert ended_by_handler == [True]
+
+
 def test_search_config_and_pruners():
     from conftest import compose_once
 

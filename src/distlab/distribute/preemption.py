@@ -80,6 +80,10 @@ class StopRequest:
             what = (f"a second signal ({signum}) during the {self.stage} stopped the run at "
                     "once, without a checkpoint; the latest checkpoint and history.csv are "
                     "kept. Rerun the same command to resume from them")
+        elif self.stage == TRAINING:  # (mid-epoch the loop stops with a line of its own)
+            what = (f"stopped by signal {signum} after the training's last step; training is "
+                    "done and kept (checkpoints, history.csv). Rerun the same command to "
+                    "complete the run without training again")
         elif self.stage in AFTER_TRAINING:
             what = (f"stopped by signal {signum} during the {self.stage}; training is done "
                     "and kept (checkpoints, history.csv). Rerun the same command to complete "

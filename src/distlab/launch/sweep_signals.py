@@ -148,6 +148,17 @@ def coordinate(config: DictConfig, on_end: Callable[[], None] | None = None) -> 
         _before_joblib_kills()
 
 
+def join(threads: list[threading.Thread]) -> None:
+    """Join `threads` from the sweep's main thread in POLL_S steps. A signal that the kernel
+    gave to another thread (one started before SIGINT was blocked keeps it unblocked:
+    OpenBLAS starts one as numpy is imported) runs its handler in the main thread only when
+    that thread next runs Python code, which an untimed join would put off until the
+    threads end; so a Ctrl-C stops the running jobs at once, as with one thread."""
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(POLL_S)
+
+
 def _take_sigint(sweep: _Sweep) -> None:
     while True:
         sweep.stop(signal.sigwait({signal.SIGINT}))

@@ -203,8 +203,7 @@ class DistlabOptunaSweeper(Sweeper):
                                         daemon=True) for i in range(workers)]
             for t in threads:
                 t.start()
-            for t in threads:
-                t.join()
+            sweep_signals.join(threads)  # a signal's handler runs meanwhile
             if getattr(self, "_error", None) is not None:
                 raise self._error
         if sweep_signals.stopping():  # (the summary and the one line: sweep_signals.broken)

@@ -345,8 +345,9 @@ def test_the_plot_is_a_list_of_panels():
 
 def test_interrupted_jobs_are_counted_apart_from_failed_ones_and_long_errors_cut_at_a_word():
     """A sweep stopped by Ctrl-C: its jobs are interrupted, not failed, in the summary's
-    count (its status column said interrupted, the headline 'failed'); a long error in the
-    sweep's one line is cut at a word."""
+    count (its status column said interrupted, the headline 'failed'), and those it did not
+    start are 'not started' (they were 'missing', failed); a long error in the sweep's one
+    line is cut at a word."""
     from distlab.reporting.jobs import Job, tally
     from distlab.reporting.summary import _first_line
 
@@ -357,6 +358,11 @@ def test_interrupted_jobs_are_counted_apart_from_failed_ones_and_long_errors_cut
         "2 jobs: 0 completed, 0 failed, 2 interrupted")
     assert tally([job(0, "completed"), job(1, "failed"), job(2, None)]) == (
         "3 jobs: 1 completed, 2 failed")
+    # a job a stopped sweep did not start (its mark in the run dir) is neither
+    waiting = Job(2, Path("/s/2"), [], {}, not_started=True)
+    assert waiting.status == "not started" and "sweep was stopped" in waiting.error
+    assert tally([job(0, "interrupted"), job(1, "interrupted"), waiting]) == (
+        "3 jobs: 0 completed, 0 failed, 2 interrupted, 1 not started")
     cut = _first_line("refused: " + "word " * 60 + "choose\nsecond line", limit=60)
     assert cut.endswith("word \u2026") and len(cut) <= 62 and "\n" not in cut
     assert _first_line("short error\nmore") == "short error"

@@ -207,7 +207,7 @@ def test_ctrl_c_of_a_joblib_sweep_in_one_process_starts_no_more_jobs(tiny_data_d
                                                                      mlflow_store):
     """hydra.launcher.n_jobs=1 runs the jobs one after another in the sweep's own process:
     Ctrl-C during job 0 stops it with a checkpoint, and job 1 is not started; the summary
-    lists both, and the sweep exits 130 with one line."""
+    lists both (job 1 `not started`, not failed), and the sweep exits 130 with one line."""
     sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
     args = _args(tiny_data_dir, sweep_dir, "joblib_in_process", store)
     with Sweep(args, tmp_path / "gate") as sweep:
@@ -222,5 +222,6 @@ def test_ctrl_c_of_a_joblib_sweep_in_one_process_starts_no_more_jobs(tiny_data_d
     assert not (sweep_dir / "1" / "run.log").exists() or "time to first step" not in (
         sweep_dir / "1" / "run.log").read_text()
     rows = (sweep_dir / "summary.csv").read_text().splitlines()
-    assert len(rows) == 3 and ",interrupted," in rows[1] and ",missing," in rows[2], rows
+    assert len(rows) == 3 and ",interrupted," in rows[1] and ",not started," in rows[2], rows
+    assert "2 jobs: 0 completed, 0 failed, 1 interrupted, 1 not started" in output
     assert _mlflow_statuses(store) == (["KILLED"], ["KILLED"])

@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 from distlab.config import register_configs  # noqa: E402
 from distlab.config.store import PACKAGE_CONFIG_PATH, config_dir_problem  # noqa: E402
 from distlab.errors import DistlabError, composition_error  # noqa: E402
-from distlab.records.run_dir import check_output_dir_args  # noqa: E402
+from distlab.records.run_dir import RunDir, check_output_dir_args  # noqa: E402
 
 log = logging.getLogger("distlab")
 
@@ -72,6 +72,7 @@ def hydra_job(cfg: DictConfig) -> float | None:
         hydra_cfg.job.num, output_dir)
     if results is None:  # the sweep is stopping
         log.info("job %s not started: the sweep is stopping", hydra_cfg.job.num)
+        RunDir(output_dir).record_not_started()
         sweep_parent.exit_if_orphaned(0)
         return None
     sweep_parent.exit_if_orphaned(results.exit_code)

@@ -182,6 +182,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                 tracking.Session(tracker, run_dir, config, sweep_dir).catch_up(previous or {})
             return Results(out, previous or {}, objective_value(previous or {}, cfg.objective))
         run_dir.mark_holder()
+        run_dir.not_started_mark.unlink(missing_ok=True)  # (a stopped sweep's, now started)
         owned = True
         stop.begin(SETUP)  # (the stage since the handlers; from here the run dir is ours)
         if log_file and scratch is None:

@@ -72,6 +72,8 @@ class RunDir:
     _hydra_snapshot = property(lambda self: self.path / ".distlab" / "hydra")
     # which rows a training run's splits hold (distlab.data.fingerprint)
     splits_json = property(lambda self: self.path / ".distlab" / "splits.json")
+    # a job of a stopped sweep that did not start (removed when a rerun starts it)
+    not_started_mark = property(lambda self: self.path / ".distlab" / "not_started")
 
     def check_writable(self) -> None:
         try:
@@ -112,6 +114,15 @@ class RunDir:
                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}")
             os.ftruncate(self._lock_fd, 0)
             os.pwrite(self._lock_fd, note.encode(), 0)
+
+    def record_not_started(self) -> None:
+        """This job of a stopped sweep did not start: the summary counts it apart from a
+        failed one (best effort: the sweep is ending)."""
+        try:
+            self.not_started_mark.parent.mkdir(parents=True, exist_ok=True)
+            self.not_started_mark.write_text("")
+        except OSError:
+            pass
 
     def unlock(self) -> None:
         if self._lock_fd is not None:

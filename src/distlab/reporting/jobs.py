@@ -14,6 +14,8 @@ from omegaconf import OmegaConf
 from distlab.launch import refusals
 from distlab.records.run_dir import RunDir
 
+NOT_STARTED = "not started"  # a job's status in the summary: a stopped sweep did not start it
+
 
 @dataclass
 class Job:
@@ -24,15 +26,18 @@ class Job:
     overrides: list[str]
     results: dict[str, Any] = field(default_factory=dict)
     refused: bool = False  # this sweep refused it: its run dir holds another run
+    not_started: bool = False  # a stopped sweep did not start it
 
     @property
     def status(self) -> str:
+        if not self.results and self.not_started:
+            return NOT_STARTED
         return str(self.results.get("status", "missing"))
 
     @property
     def failed(self) -> bool:
-        """Not completed: failed, refused, interrupted, pruned or missing (no figures to
-        rank)."""
+        """Not completed: failed, refused, interrupted, pruned, not started or missing (no
+        figures to rank)."""
         return self.status != "completed"
 
     @property
@@ -42,6 +47,8 @@ class Job:
 
     @property
     def error(self) -> str:
+        if self.status == NOT_STARTED:
+            return "not started: the sweep was stopped first (a rerun runs it)"
         if self.failed and not self.results:
             return "no results.json: the job did not finish (crashed, killed or still running)"
         return str(self.results.get("error") or "")
@@ -52,13 +59,16 @@ class Job:
 
 def tally(jobs: list[Job]) -> str:
     """`N jobs: C completed, F failed` (and `, I interrupted` when a signal stopped some,
-    `, P pruned` when a search's pruner did): neither is counted as failed."""
+    `, S not started` for those a stopped sweep did not start, `, P pruned` when a search's
+    pruner stopped some): none of these is counted as failed."""
     interrupted = sum(j.status == "interrupted" for j in jobs)
+    not_started = sum(j.status == NOT_STARTED for j in jobs)
     pruned = sum(j.pruned for j in jobs)
     completed = sum(not j.failed for j in jobs)
     text = (f"{len(jobs)} jobs: {completed} completed, "
-            f"{len(jobs) - completed - interrupted - pruned} failed")
+            f"{len(jobs) - completed - interrupted - not_started - pruned} failed")
     return (text + (f", {interrupted} interrupted" if interrupted else "")
+            + (f", {not_started} not started" if not_started else "")
             + (f", {pruned} pruned" if pruned else ""))
 
 
@@ -74,9 +84,11 @@ def find_jobs(sweep_dir: str | Path) -> list[Job]:
             continue  # a run dir's own snapshot of .hydra/
         overrides_yaml = hydra_yaml.parent / "overrides.yaml"
         overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []
+        run_dir = RunDir(path)
         job = Job(num=_job_num(hydra_yaml, path), path=path,
                   overrides=[str(o) for o in overrides if not _internal(str(o))],
-                  results=RunDir(path).read_results() or {})
+                  results=run_dir.read_results() or {},
+                  not_started=run_dir.not_started_mark.exists())
         if (refusal := refused.get(str(path.resolve()))) is not None:
             job.refused = True
             job.overrides = refusal["overrides"] or job.overrides

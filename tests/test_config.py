@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,19 @@ def test_help_lists_the_option_groups_and_no_internal_schema():
     groups = out.stdout.split("== Config ==")[0]
     assert "task: binary, classification, regression" in groups and "model: " in groups, out.stdout
     assert "schema" not in groups
+
+
+def test_help_into_a_closed_pipe_ends_without_a_traceback():
+    """`python run.py --help | head -1`: the reader gone before the help is written (here a
+    pipe whose read end is closed from the start) ends the command quietly."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "run.py", "--help"], cwd=ROOT, stdout=write,
+                             stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert out.returncode == 1 and out.stderr == "", out.stderr[-2000:]
 
 
 @pytest.mark.parametrize("args,needle", [

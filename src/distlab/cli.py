@@ -163,6 +163,10 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     except (HydraException, OmegaConfBaseException) as e:
         print(f"error: {composition_error(e)}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:  # `python run.py --help | head`: the reader has gone
+        devnull = os.open(os.devnull, os.O_WRONLY)  # (the exit's flush would fail again)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)  # as Python's own exit on EPIPE
     except DistlabError as e:  # a sweep refused before any job (a sweeper's setup)
         from distlab.launch import sweep_signals
 

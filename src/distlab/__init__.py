@@ -20,7 +20,7 @@ The package's layers, bottom up; a module imports from its own layer and those b
 and no module imports itself back through others (the layout test checks both, on every
 import statement, those inside functions too):
 
-1. `records` (results.json's fields, how figures rank, the run directory), `errors`,
+1. `records` (results.json's fields, how figures rank, the run directory, file locks), `errors`,
    `deprecated`
 2. `registry`, `config`
 3. `distribute`, `tracking`, `keras_patches`, `search` (a search's Optuna study, as the

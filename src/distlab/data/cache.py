@@ -21,7 +21,6 @@ section 19). Other splits are stored row by row.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -39,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from distlab.errors import first_line
+from distlab.records.locks import locked
 
 log = logging.getLogger("distlab")
 FORMAT = 3  # bump when what an entry holds changes (2: the manifest; 3: rows in chunks)
@@ -131,7 +131,7 @@ class DiskCache:
             return values
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            with _locked(self.root, f"{name}.npy"):
+            with locked(_lock_file(self.root, f"{name}.npy")):
                 for orphan in _orphans(self.root, f"{name}.npy", "tmp"):  # a killed writer's
                     orphan.unlink(missing_ok=True)
                 tmp = _private(self.root, f"{name}.npy", "tmp")
@@ -260,12 +260,9 @@ def _private(root: Path, name: str, kind: str) -> Path:
     return root / f".{name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-@contextlib.contextmanager
-def _locked(root: Path, name: str) -> Iterator[None]:
-    """The entry `name`'s lock (`.<name>.lock`), held by this process until the block ends."""
-    with open(root / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+def _lock_file(root: Path, name: str) -> Path:
+    """The entry `name`'s lock file (`.<name>.lock`)."""
+    return root / f".{name}.lock"
 
 
 def _orphans(root: Path, name: str, *kinds: str) -> list[Path]:
@@ -276,7 +273,7 @@ def _orphans(root: Path, name: str, *kinds: str) -> list[Path]:
 
 def _write(ds: tf.data.Dataset, root: Path, name: str) -> None:
     path = root / name
-    with _locked(root, name):  # another job writing it: wait, then use its entry
+    with locked(_lock_file(root, name)):  # another job writing it: wait, then use its entry
         if path.is_dir():
             problem = check(path, ds.element_spec)
             if problem is None:  # written (or rebuilt) by another job meanwhile

@@ -13,7 +13,6 @@ MLflow is imported only when a run starts.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import json
 import logging
@@ -29,6 +28,7 @@ from omegaconf import DictConfig
 
 from distlab.config.checks import flatten
 from distlab.errors import ConfigError
+from distlab.records.locks import locked
 from distlab.tracking.tracker import RunInfo, Tracker
 
 log = logging.getLogger("distlab")
@@ -67,7 +67,7 @@ class MlflowTracker(Tracker):
                 return self._client
             db = Path(self.uri[len("sqlite:///"):])
             db.parent.mkdir(parents=True, exist_ok=True)
-            with _locked(db.with_name(db.name + ".lock")):  # one process makes the schema
+            with locked(db.with_name(db.name + ".lock")):  # one process makes the schema
                 client = MlflowClient(self.uri)
                 client.search_experiments(max_results=1)  # opens (creates) the store
             self._client = client
@@ -213,20 +213,12 @@ class MlflowTracker(Tracker):
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An flock on `path`, across processes (parallel sweep launchers)."""
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
-@contextlib.contextmanager
 def _sweep_state(sweep_dir: Path) -> Iterator[dict[str, Any]]:
     """The sweep's parent runs ({store: {run_id}}), read and written under an flock."""
     state_dir = sweep_dir / ".distlab"
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "mlflow.json"
-    with _locked(state_dir / "mlflow.lock"):
+    with locked(state_dir / "mlflow.lock"):
         try:
             state = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -129,17 +129,11 @@ def test_the_python_api_leaves_starting_workers_to_the_command(monkeypatch, run_
     assert ended.value.code == 2 and not guard.asked
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_launched_workers_train_like_one_process(loop, tiny_data_dir, tmp_path, reference):
-    """`strategy.workers=2`: the chief's output on the terminal, every worker's log in the
-    run dir, the test loss of 1 process with 2 replicas."""
-    run_dir = tmp_path / "run"
-    launcher = _launch(run_dir, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}")
-    out = _finish(launcher)
-    assert launcher.returncode == 0, out[-3000:]
+def _assert_trained_like_one_process(run_dir: Path, out: str, loop: str, reference) -> None:
+    """A launch of 2 workers that ended 0: the chief's output on the terminal, every
+    worker's log in the run dir, the test loss of 1 process with 2 replicas."""
     results = _results(run_dir)
+    assert results["status"] == "completed" and results["epochs_completed"] == 2, results
     assert results["num_replicas"] == 2 and results["strategy"] == "MultiWorkerMirroredStrategy"
     assert results["test_loss"] == pytest.approx(reference(loop), abs=1e-6)
     assert "test_loss" in out  # the chief's lines, echoed
@@ -154,7 +148,8 @@ def test_a_killed_worker_ends_the_launch_and_the_rerun_resumes(tiny_data_dir, tm
                                                                reference):
     """Worker 1 killed mid-epoch 2: the chief ends within seconds (status 3, one line each
     from the chief and the launcher), the epoch-1 checkpoint intact; the same command then
-    resumes and ends where an uninterrupted run does."""
+    resumes and ends where one process with 2 replicas does, as a launch that was never
+    interrupted (the chief's output on the terminal, each worker's log in the run dir)."""
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
     args = (*fast_overrides(tiny_data_dir), *RUN, "loop=custom", *GATED)
     launcher = _launch(run_dir, *args, gate=gate)
@@ -173,16 +168,15 @@ def test_a_killed_worker_ends_the_launch_and_the_rerun_resumes(tiny_data_dir, tm
     rerun = _launch(run_dir, *args)
     out = _finish(rerun)
     assert rerun.returncode == 0, out[-3000:]
-    resumed = _results(run_dir)
-    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 2
-    assert resumed["test_loss"] == pytest.approx(reference("custom"), abs=1e-6)
+    _assert_trained_like_one_process(run_dir, out, "custom", reference)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_sigterm_to_the_launcher_checkpoints_every_worker(tiny_data_dir, tmp_path, reference):
     """SIGTERM to the launcher reaches every worker (TensorFlow's coordinated preemption):
-    the chief checkpoints mid-epoch 2 and the command ends 143; the rerun resumes exactly."""
+    the chief checkpoints mid-epoch 2 and the command ends 143; the rerun resumes exactly
+    (keras_fit: the killed-worker test above is the custom loop's launch)."""
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
     args = (*fast_overrides(tiny_data_dir), *RUN, "loop=keras_fit", *GATED)
     launcher = _launch(run_dir, *args, gate=gate)
@@ -199,9 +193,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_worker(tiny_data_dir, tmp_pat
     rerun = _launch(run_dir, *args)
     out = _finish(rerun)
     assert rerun.returncode == 0, out[-3000:]
-    resumed = _results(run_dir)
-    assert resumed["epochs_completed"] == 2
-    assert resumed["test_loss"] == pytest.approx(reference("keras_fit"), abs=1e-6)
+    _assert_trained_like_one_process(run_dir, out, "keras_fit", reference)
 
 
 # ---- strategy.launcher=ray, and sweeps on hydra/launcher=ray, on one local Ray instance
@@ -264,16 +256,7 @@ def test_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
     assert f"cannot reach Ray at strategy.ray.address={address}" in text, text[-2000:]
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("loop", ["keras_fit", "custom"])
-def test_ray_workers_train_like_one_process(loop, tiny_data_dir, tmp_path, reference,
-                                            ray_address):
-    run_dir = tmp_path / "run"
-    launcher = _launch(run_dir, *fast_overrides(tiny_data_dir), *RUN, f"loop={loop}",
-                       *_on_ray(ray_address))
-    out = _finish(launcher)
-    assert launcher.returncode == 0, out[-3000:]
+def _assert_ray_trained_like_one_process(run_dir: Path, loop: str, reference) -> None:
     results = _results(run_dir)
     assert results["num_replicas"] == 2
     assert results["test_loss"] == pytest.approx(reference(loop), abs=1e-6)
@@ -282,10 +265,23 @@ def test_ray_workers_train_like_one_process(loop, tiny_data_dir, tmp_path, refer
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_ray_workers_train_like_one_process(tiny_data_dir, tmp_path, reference, ray_address):
+    """keras_fit on 2 Ray actors (the killed-actor test below is the custom loop's)."""
+    run_dir = tmp_path / "run"
+    launcher = _launch(run_dir, *fast_overrides(tiny_data_dir), *RUN, "loop=keras_fit",
+                       *_on_ray(ray_address))
+    out = _finish(launcher)
+    assert launcher.returncode == 0, out[-3000:]
+    _assert_ray_trained_like_one_process(run_dir, "keras_fit", reference)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_killed_ray_actor_ends_the_run_and_the_rerun_resumes(tiny_data_dir, tmp_path,
                                                                reference, ray_address):
     """Worker 1's actor killed mid-epoch 2 (its process dies with it): the chief stops
-    within seconds, one line from the driver naming the actor; the rerun resumes exactly."""
+    within seconds, one line from the driver naming the actor; the rerun resumes exactly,
+    the custom loop on 2 Ray actors ending as one process with 2 replicas."""
     run_dir, gate = tmp_path / "run", tmp_path / "gate"
     args = (*fast_overrides(tiny_data_dir), *RUN, "loop=custom", *GATED, *_on_ray(ray_address))
     launcher = _launch(run_dir, *args, gate=gate)
@@ -302,7 +298,7 @@ def test_a_killed_ray_actor_ends_the_run_and_the_rerun_resumes(tiny_data_dir, tm
     rerun = _launch(run_dir, *args)
     out = _finish(rerun)
     assert rerun.returncode == 0, out[-3000:]
-    assert _results(run_dir)["test_loss"] == pytest.approx(reference("custom"), abs=1e-6)
+    _assert_ray_trained_like_one_process(run_dir, "custom", reference)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ _CACHE = tempfile.TemporaryDirectory(prefix="distlab-test-cache-")
 os.environ["DISTLAB_CACHE_DIR"] = _CACHE.name
 
 from distlab.config import register_configs  # noqa: E402
+from distlab.records.locks import locked  # noqa: E402
 
 register_configs()
 TINY_TRAIN, TINY_TEST = 512, 192
@@ -212,21 +213,11 @@ def _shared_temp(tmp_path_factory) -> Path:
     return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock on `path` (created), held by one process of the session at a time."""
-    import fcntl
-
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def tiny_dataset(data_dir: Path, name: str, write) -> None:
     """`write(data_dir)` unless `name` is already prepared there (by this or another xdist
     worker: under a lock, marked done once written)."""
     done = data_dir / f".{name}.done"
-    with _file_lock(data_dir / f".{name}.lock"):
+    with locked(data_dir / f".{name}.lock"):
         if not done.exists():
             write(data_dir)
             done.write_text("")
@@ -254,7 +245,7 @@ def mlflow_store(tmp_path_factory):
     import shutil
 
     template = _shared_temp(tmp_path_factory) / "mlflow-template.db"
-    with _file_lock(template.with_suffix(".lock")):
+    with locked(template.with_suffix(".lock")):
         if not template.exists():
             from mlflow.tracking import MlflowClient
 
@@ -330,7 +321,7 @@ def run_once(tiny_data_dir, tmp_path_factory):
 
     def _run(*overrides: str) -> tuple[dict, Path]:
         out = root / hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:16]
-        with _file_lock(Path(f"{out}.lock")):
+        with locked(Path(f"{out}.lock")):
             done = out / "results.json"
             if not (done.exists() and json.loads(done.read_text())["status"] == "completed"):
                 results = distlab.run(compose(fast_overrides(tiny_data_dir) + list(overrides)),

@@ -101,8 +101,10 @@ def pytest_collection_finish(session):
 @pytest.fixture(autouse=True)
 def _fast_tier_trains_nothing(request):
     """The fast tier (`-m "not slow"`) trains nothing: in a test without the `slow` marker an
-    optimizer update, `Model.fit` or `Model.train_on_batch` fails the test (mark it slow).
-    In-process only; the fast tier's `run.py` subprocesses are refusals before TensorFlow."""
+    optimizer update, `Model.fit` or `Model.train_on_batch` fails the test (mark it slow),
+    and so does a `run.py` forked from the TensorFlow-preloaded server (tests/processes.py;
+    starting it costs a TensorFlow import). The fast tier's `run.py` processes are fresh
+    interpreters that are refused before TensorFlow."""
     if request.node.get_closest_marker("slow"):
         yield
         return
@@ -114,16 +116,19 @@ def _fast_tier_trains_nothing(request):
         def call(*args, **kwargs):
             calls.append(name)
             raise RuntimeError(f"{name} in a test not marked slow (the fast tier trains "
-                               "nothing): mark it @pytest.mark.slow")
+                               "nothing and starts no TensorFlow process): mark it "
+                               "@pytest.mark.slow")
         return call
 
     with pytest.MonkeyPatch.context() as mp:  # its own: a test's monkeypatch.undo() keeps it
         mp.setattr(keras.optimizers.Optimizer, "apply", forbidden("an optimizer update"))
         mp.setattr(keras.Model, "fit", forbidden("Model.fit"))
         mp.setattr(keras.Model, "train_on_batch", forbidden("Model.train_on_batch"))
+        mp.setattr(processes, "_forkserver", forbidden("a run.py forked from the TensorFlow-"
+                                                       "preloaded server"))
         yield
     if calls:  # also when the code under test caught the error (a run reports it as failed)
-        pytest.fail(f"{request.node.nodeid} trains ({calls[0]}) but is not marked slow")
+        pytest.fail(f"{request.node.nodeid} is not marked slow but runs {calls[0]}")
 
 
 def _write_tiny(name: str, data_dir: Path) -> None:

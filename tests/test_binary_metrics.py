@@ -294,6 +294,7 @@ def test_an_unknown_metric_name_is_one_line_naming_the_key(tmp_path):
                                     "ModuleNotFoundError")
 
 
+@pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server
 def test_the_command_refuses_an_unknown_metric_with_exit_2_and_no_traceback(tmp_path):
     from conftest import run_cli
 

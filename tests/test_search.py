@@ -175,6 +175,7 @@ def test_the_search_config_selects_distlabs_sweeper():
     assert (sweeper.pruner, sweeper.storage, sweeper.n_jobs) == ("median", None, 1)
 
 
+@pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server
 def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, tmp_path):
     """Each refused in one line before any trial: another study in a sweep dir that holds a
     study's jobs; another objective for a stored study; a test figure as the objective; a
@@ -333,6 +334,7 @@ def test_repeats_run_each_trial_with_its_seeds_and_tell_optuna_the_mean(tiny_dat
     assert len(groups) == 3 and all(",2,7 8," in g for g in groups[1:]), groups
 
 
+@pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server
 def test_repeats_refuse_a_searched_seed_and_a_bad_count(tmp_path):
     seeds = "seed=choice(1,2)"
     for i, bad in enumerate((["hydra.sweeper.repeats=0"], ["hydra.sweeper.repeats=two"],

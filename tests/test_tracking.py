@@ -241,6 +241,7 @@ def test_parallel_jobs_share_a_new_store_and_one_parent_run(tmp_path):
         parent.info.run_id}
 
 
+@pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server
 def test_mlflow_missing_is_one_line_before_tensorflow(tmp_path):
     shim = tmp_path / "shim"
     shim.mkdir()  # neither MLflow nor TensorFlow can be imported in the subprocess

@@ -243,6 +243,7 @@ def test_ray_missing_is_one_line_naming_the_extra(tmp_path):
     assert "distlab[ray]" in lines[0] and lines[0].startswith("error: ")
 
 
+@pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server
 def test_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
     """strategy.ray.address=host:port with nothing listening: one line naming the key within
     strategy.connect_timeout_s (ray.init would retry it without end)."""

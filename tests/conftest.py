@@ -76,6 +76,9 @@ def pytest_configure(config):
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
+    # start the runtime now: until then a job's own strategy.cpu_devices=1 would replace the
+    # three (the first test of a worker, e.g. `-n 2 tests/test_keras_oracle.py`)
+    assert len(tf.config.list_logical_devices("CPU")) == 3
 
 
 def pytest_collection_modifyitems(config, items):

@@ -96,8 +96,9 @@ class Case:
 def drawn_options() -> dict[str, list[str]]:
     """Each choice of the options' cases and its values, drawn from the config: every option
     of the optimizer and schedule groups, every optimizer.lr_scaling, warmup or not, the
-    task's loss on logits or on probabilities (model.output_activation), accumulation or
-    not, and the loop (its steps per call and the strategy: see option_cases)."""
+    task's loss on logits or on probabilities (model.output_activation), with label
+    smoothing or not, accumulation or not, and the loop (its steps per call and the
+    strategy: see option_cases)."""
     from distlab.config.schema import OptimizerConfig
 
     return {
@@ -109,6 +110,7 @@ def drawn_options() -> dict[str, list[str]]:
         # accumulation with each optimizer's own state (Adam's bias correction: updates)
         "accumulation": ["trainer.grad_accum_steps=1", "trainer.grad_accum_steps=4"],
         "outputs": ["model.output_activation=null", "model.output_activation=softmax"],
+        "label_smoothing": ["task.label_smoothing=0", "task.label_smoothing=0.1"],
         "loop": [f"loop={loop}" for loop in LOOPS],
     }
 
@@ -137,9 +139,10 @@ def option_cases() -> dict[str, Case]:
 
 # the training options, where each loop has code of its own (the step's loss, gradients and
 # update): in both loops; on 2 replicas too, where clipping and accumulation are distlab's
+# (label smoothing too: the drawn cases pair each two-valued choice with the same loop)
 TRAINING = ("model.l2=0.01", "optimizer=sgd", "optimizer.learning_rate=0.1",
             "optimizer.clipnorm=0.05", "trainer.grad_accum_steps=4", "schedule=step_decay",
-            "schedule.boundaries=[2]", "schedule.factors=[1,0.3]")
+            "schedule.boundaries=[2]", "schedule.factors=[1,0.3]", "task.label_smoothing=0.2")
 
 
 def training_cases() -> dict[str, Case]:
@@ -343,8 +346,9 @@ def reference_model(model: Reads, input_shape: tuple[int, ...], outputs: int):
 
 def reference_loss(task: Reads, output_activation: str | None):
     """The task's loss as a Keras loss, and the same as a metric (each step's data loss):
-    sparse categorical, mean squared or binary cross-entropy; from_logits null: as the
-    model outputs (logits unless its last activation is softmax or sigmoid)."""
+    sparse categorical (with label_smoothing: categorical on one-hot labels, smoothed), mean
+    squared or binary cross-entropy; from_logits null: as the model outputs (logits unless
+    its last activation is softmax or sigmoid)."""
     import keras
 
     name = task._values["name"]
@@ -352,6 +356,11 @@ def reference_loss(task: Reads, output_activation: str | None):
     task.not_trained_on("metrics", "top_k")  # what is scored
     if from_logits is None:
         from_logits = output_activation is None
+    if name == "classification" and task.label_smoothing:  # on one-hot labels (keras_reference)
+        return (keras.losses.CategoricalCrossentropy(from_logits=from_logits,
+                                                     label_smoothing=task.label_smoothing),
+                keras.metrics.CategoricalCrossentropy(name="data_loss", from_logits=from_logits,
+                                                      label_smoothing=task.label_smoothing))
     if name == "classification":
         return (keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
                 keras.metrics.SparseCategoricalCrossentropy(name="data_loss",
@@ -401,6 +410,8 @@ def keras_reference(cfg, initial: list[np.ndarray], batches: list[tuple[np.ndarr
         y = np.stack([b[1] for b in batches])
         if y.ndim == 2 and initial[-1].shape[0] == 1:  # one output unit: labels [batch, 1]
             y = y[..., None].astype(np.float32)
+        if isinstance(loss, keras.losses.CategoricalCrossentropy):  # labels one-hot
+            y = np.eye(initial[-1].shape[0], dtype=np.float32)[y]
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)), epochs=1, verbose=0,
                   callbacks=[PerStep()])
         return losses, model.get_weights()

@@ -200,3 +200,31 @@ def test_a_task_the_labels_do_not_fit_is_refused(run_inprocess, tmp_path, overri
     with pytest.raises(SystemExit):
         run_inprocess(*overrides, out=out)
     assert message in (out / "results.json").read_text()
+
+
+def test_label_smoothing_is_keras_categorical_crossentropy_on_one_hot_labels(tmp_path):
+    """task.label_smoothing: 0 is the sparse loss digit for digit; e > 0 is Keras'
+    categorical cross-entropy with label_smoothing=e on one-hot labels, labels of shape
+    [batch] or [batch, 1], logits or probabilities; a value outside [0, 1) is one line."""
+    import keras
+    from conftest import refusal_in_process
+    from omegaconf import OmegaConf
+
+    from distlab.components.tasks import classification
+
+    labels = np.array([0, 3, 1, 3])
+    logits = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
+    for from_logits, outputs in ((True, logits), (False, keras.ops.softmax(logits).numpy())):
+        for smoothing in (0.0, 0.1, 0.5):
+            task = classification(OmegaConf.create({"label_smoothing": smoothing}))
+            task.from_logits = from_logits
+            expected = (keras.losses.sparse_categorical_crossentropy(
+                labels, outputs, from_logits=from_logits) if not smoothing else
+                keras.losses.CategoricalCrossentropy(
+                    from_logits=from_logits, label_smoothing=smoothing, reduction=None)(
+                    np.eye(5, dtype=np.float32)[labels], outputs))
+            for shaped in (labels, labels[:, None]):
+                np.testing.assert_array_equal(task.loss(shaped, outputs), expected)
+    for value in ("1", "-0.1"):
+        error = refusal_in_process(tmp_path / value, f"task.label_smoothing={value}")
+        assert "task.label_smoothing" in error and "[0, 1)" in error, error

@@ -128,11 +128,22 @@ def configured_metrics(cfg: DictConfig, task: Task) -> list[Metric]:
 
 
 def classification(cfg: DictConfig) -> Task:
-    """Sparse categorical cross-entropy; `metrics` (default: accuracy) and, with `top_k`,
-    top-k accuracy."""
-    task = Task(loss=lambda y, p: keras.losses.sparse_categorical_crossentropy(
-        y, p, from_logits=bool(task.from_logits)), from_logits=cfg.get("from_logits"),
-        labels="classes")
+    """Sparse categorical cross-entropy (with `label_smoothing`: Keras' categorical
+    cross-entropy on one-hot labels, smoothed); `metrics` (default: accuracy) and, with
+    `top_k`, top-k accuracy."""
+    smoothing = float(cfg.get("label_smoothing") or 0.0)
+
+    def loss(y, p):
+        if not smoothing:
+            return keras.losses.sparse_categorical_crossentropy(
+                y, p, from_logits=bool(task.from_logits))
+        classes = keras.ops.shape(p)[-1]
+        labels = keras.ops.one_hot(keras.ops.reshape(keras.ops.cast(y, "int32"), [-1]), classes,
+                                   dtype=p.dtype)
+        return keras.losses.categorical_crossentropy(
+            labels, p, from_logits=bool(task.from_logits), label_smoothing=smoothing)
+
+    task = Task(loss=loss, from_logits=cfg.get("from_logits"), labels="classes")
     task.metrics = configured_metrics(cfg, task)
     if cfg.get("top_k"):
         k = int(cfg.top_k)

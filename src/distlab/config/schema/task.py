@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distlab.config.schema.rules import (
+    FRACTION,
     POSITIVE,
     Rule,
     checked,
@@ -24,6 +25,9 @@ class ClassificationTaskConfig:
     top_k: int | None = checked(None, POSITIVE)  # e.g. 5: also report top5_accuracy
     # metric names (the metric registry): history columns, val_<name>, test_<name> fields
     metrics: list[str] = checked(["accuracy"], METRIC_NAMES)
+    # e.g. 0.1: the loss's target is 1 - 0.1 + 0.1/K for the label, 0.1/K for each other of the
+    # K classes (Szegedy et al. 2016); the loss, val_loss and test_loss are that loss
+    label_smoothing: float = checked(0.0, FRACTION)
 
 
 @dataclass

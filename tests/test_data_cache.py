@@ -258,10 +258,11 @@ def test_an_array_entry_is_computed_once_and_a_damaged_one_rebuilt(tmp_path, cap
     assert len(_cache_warnings(caplog)) == 1 and "cannot write" in _cache_warnings(caplog)[0]
 
 
-def test_fixed_shape_rows_are_stored_in_chunks_and_read_back_row_by_row(tmp_path):
-    fixed = tf.data.Dataset.range(5000).map(lambda x: (tf.fill([3], x), x))
+def test_fixed_shape_rows_are_stored_in_chunks_and_read_back_row_by_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_cache, "CHUNK_ROWS", 64)  # 150 rows: two whole chunks and a part
+    fixed = tf.data.Dataset.range(150).map(lambda x: (tf.fill([3], x), x))
     varying = tf.data.Dataset.range(10).map(lambda x: tf.range(x))
-    for name, ds, rows, stored in [("fixed", fixed, 5000, 2), ("varying", varying, 10, 10)]:
+    for name, ds, rows, stored in [("fixed", fixed, 150, 3), ("varying", varying, 10, 10)]:
         loaded = data_cache.cached(ds, tmp_path, name)
         assert int(tf.data.Dataset.load(str(tmp_path / name)).cardinality()) == stored
         assert sum(1 for _ in loaded) == rows

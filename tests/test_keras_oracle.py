@@ -174,9 +174,11 @@ TASK_DATA = {
 def task_cases() -> dict[str, Case]:
     """Every other option of the task group (its loss), the loops alternating."""
     tasks = [t for t in group_options("task") if t != "classification"]
+    smoothed = {"binary": ("task.label_smoothing=0.1",)}  # (0: Keras skips the smoothing)
     return {f"task-{t}-{LOOPS[i % 2]}": Case(
-        (f"task={t}", *TASK_DATA.get(t, ()), "optimizer=sgd", "optimizer.learning_rate=0.05",
-         "schedule=constant"), LOOPS[i % 2]) for i, t in enumerate(tasks)}
+        (f"task={t}", *TASK_DATA.get(t, ()), *smoothed.get(t, ()), "optimizer=sgd",
+         "optimizer.learning_rate=0.05", "schedule=constant"), LOOPS[i % 2])
+        for i, t in enumerate(tasks)}
 
 
 CASES = {**option_cases(), **training_cases(), **task_cases()}
@@ -347,8 +349,8 @@ def reference_model(model: Reads, input_shape: tuple[int, ...], outputs: int):
 def reference_loss(task: Reads, output_activation: str | None):
     """The task's loss as a Keras loss, and the same as a metric (each step's data loss):
     sparse categorical (with label_smoothing: categorical on one-hot labels, smoothed), mean
-    squared or binary cross-entropy; from_logits null: as the model outputs (logits unless
-    its last activation is softmax or sigmoid)."""
+    squared or binary cross-entropy (smoothed towards 0.5); from_logits null: as the model
+    outputs (logits unless its last activation is softmax or sigmoid)."""
     import keras
 
     name = task._values["name"]
@@ -366,10 +368,13 @@ def reference_loss(task: Reads, output_activation: str | None):
                 keras.metrics.SparseCategoricalCrossentropy(name="data_loss",
                                                             from_logits=from_logits))
     if name == "regression":
+        assert task.label_smoothing == 0  # the schema refuses any other value
         return keras.losses.MeanSquaredError(), keras.metrics.MeanSquaredError(name="data_loss")
     if name == "binary":
-        return (keras.losses.BinaryCrossentropy(from_logits=from_logits),
-                keras.metrics.BinaryCrossentropy(name="data_loss", from_logits=from_logits))
+        smoothing = task.label_smoothing
+        return (keras.losses.BinaryCrossentropy(from_logits=from_logits, label_smoothing=smoothing),
+                keras.metrics.BinaryCrossentropy(name="data_loss", from_logits=from_logits,
+                                                 label_smoothing=smoothing))
     pytest.fail(f"the oracle has no plain Keras loss for task={name}: add one to "
                 "reference_loss in this file")
 

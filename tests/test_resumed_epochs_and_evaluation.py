@@ -144,6 +144,8 @@ EVAL = ("strategy=default", "trainer.epochs=1", "trainer.validate_every=0")
     # float16's rounding (~1e-3 relative)
     ("precision=mixed_float16", 2, "keras_fit", "precision=float32", 3e-3),
     ("precision=mixed_float16", 2, "keras_fit", "precision=mixed_float16", 1e-6),
+    # another loss: test_loss is not reproduced (the accuracy is), and the warning says so
+    ("task.label_smoothing=0.1", 3, "custom", "task.label_smoothing=0", None),
 ])
 def test_evaluate_restores_only_the_model(trained_with, steps, loop, evaluated_with, tolerance,
                                           run_once, run_inprocess, tmp_path, caplog):
@@ -154,11 +156,14 @@ def test_evaluate_restores_only_the_model(trained_with, steps, loop, evaluated_w
     evaluated = run_inprocess(f"loop={loop}", *EVAL, "mode=evaluate", evaluated_with,
                               f"ckpt_path={train_dir}", out=tmp_path / "eval")
     assert evaluated["trained"]["epochs_completed"] == 1
-    other_precision = [r.getMessage() for r in caplog.records
-                       if "is evaluated with precision" in r.getMessage()]
-    if evaluated_with == "precision=float32":  # says so, with the override that reproduces
-        assert len(other_precision) == 1 and "add precision=mixed_float16" in other_precision[0]
+    differ = [r.getMessage() for r in caplog.records if "and is evaluated with" in r.getMessage()]
+    if evaluated_with in ("precision=float32", "task.label_smoothing=0"):  # says so, with the
+        assert len(differ) == 1 and f"add {trained_with}" in differ[0], differ  # override
     else:
-        assert not other_precision
+        assert not differ
+    if tolerance is None:
+        assert evaluated["test_accuracy"] == trained["test_accuracy"]
+        assert evaluated["test_loss"] < trained["test_loss"]  # unsmoothed: nearer its targets
+        return
     for key in ("test_loss", "test_accuracy"):
         assert evaluated[key] == pytest.approx(trained[key], rel=tolerance, abs=1e-6), key

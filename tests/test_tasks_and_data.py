@@ -202,15 +202,18 @@ def test_a_task_the_labels_do_not_fit_is_refused(run_inprocess, tmp_path, overri
     assert message in (out / "results.json").read_text()
 
 
-def test_label_smoothing_is_keras_categorical_crossentropy_on_one_hot_labels(tmp_path):
+def test_label_smoothing_is_keras_crossentropy_with_label_smoothing(tmp_path):
     """task.label_smoothing: 0 is the sparse loss digit for digit; e > 0 is Keras'
     categorical cross-entropy with label_smoothing=e on one-hot labels, labels of shape
-    [batch] or [batch, 1], logits or probabilities; a value outside [0, 1) is one line."""
+    [batch] or [batch, 1], logits or probabilities; under task=binary, Keras' binary
+    cross-entropy with label_smoothing=e; a value outside [0, 1), or any but 0 under
+    task=regression, is one line."""
     import keras
+    import tensorflow as tf
     from conftest import refusal_in_process
     from omegaconf import OmegaConf
 
-    from distlab.components.tasks import classification
+    from distlab.components.tasks import binary, classification
 
     labels = np.array([0, 3, 1, 3])
     logits = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
@@ -225,6 +228,19 @@ def test_label_smoothing_is_keras_categorical_crossentropy_on_one_hot_labels(tmp
                     np.eye(5, dtype=np.float32)[labels], outputs))
             for shaped in (labels, labels[:, None]):
                 np.testing.assert_array_equal(task.loss(shaped, outputs), expected)
+    binary_labels = np.array([0, 1, 1, 0])
+    binary_logits = logits[:, :1]
+    for smoothing in (0.0, 0.2):
+        task = binary(OmegaConf.create({"label_smoothing": smoothing}))
+        task.from_logits = True
+        expected = keras.losses.BinaryCrossentropy(
+            from_logits=True, label_smoothing=smoothing, reduction=None)(
+            binary_labels[:, None].astype(np.float32), binary_logits)
+        loss = task.loss(tf.constant(binary_labels), tf.constant(binary_logits))
+        np.testing.assert_allclose(loss, expected, rtol=1e-6)
     for value in ("1", "-0.1"):
         error = refusal_in_process(tmp_path / value, f"task.label_smoothing={value}")
         assert "task.label_smoothing" in error and "[0, 1)" in error, error
+    # a preset's smoothing (experiment=mnist_fast) with task=regression: distlab's one line
+    error = refusal_in_process(tmp_path / "regression", "experiment=mnist_fast", "task=regression")
+    assert "task.label_smoothing=0.1" in error and "task=regression" in error, error

@@ -168,6 +168,15 @@ def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify, caplog):
 
 
 @pytest.mark.slow
+def test_the_resume_check_signals_after_the_block_that_holds_its_step(verify):
+    """loop=custom_fast's blocks of 50 steps are longer than verify's epochs: the hook runs
+    after each block, never after the step itself (experiment=mnist_fast failed here)."""
+    report = verify("model=mlp", "model.hidden_units=[16]", "loop=custom_fast",
+                    checks=["resume"])
+    assert statuses(report) == {"resume": "passed"}, report.table()
+
+
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_local_workers_train_as_one_process_with_two_replicas(verify):
     """The workers row: 2 worker processes (each killed after WORKER_TIMEOUT) against 1

@@ -164,11 +164,15 @@ def regression(cfg: DictConfig) -> Task:
 
 
 def binary(cfg: DictConfig) -> Task:
-    """Binary cross-entropy on 0/1 labels (ints or floats) and a model with one output unit (a
-    logit, or a sigmoid probability); `metrics` (default: accuracy at probability 0.5, AUC,
+    """Binary cross-entropy (with `label_smoothing`, Keras' smoothing towards 0.5) on 0/1 labels
+    (ints or floats) and a model with one output unit (a logit, or a sigmoid probability);
+    `metrics` (default: accuracy at probability 0.5, AUC,
     precision, recall)."""
+    smoothing = float(cfg.get("label_smoothing") or 0.0)
+
     def loss(y, p):
-        return keras.losses.binary_crossentropy(*aligned(y, p), from_logits=bool(task.from_logits))
+        return keras.losses.binary_crossentropy(*aligned(y, p), from_logits=bool(task.from_logits),
+                                                label_smoothing=smoothing)
 
     task = Task(loss=loss, from_logits=cfg.get("from_logits"), labels="binary", outputs=1)
     task.metrics = configured_metrics(cfg, task)

@@ -156,9 +156,14 @@ def check_callback_entry(key: str, entry: Any) -> None:
 
 
 def _check_task_and_outputs(cfg: DictConfig) -> None:
-    """A model output activation the task cannot use (softmax over task=binary's one unit is
-    always 1; sigmoid scores for task=classification are not a distribution)."""
+    """Label smoothing under task=regression (no classes to smooth); a model output activation
+    the task cannot use (softmax over task=binary's one unit is always 1; sigmoid scores for
+    task=classification are not a distribution)."""
     task = cfg.task.get("name")
+    if task == "regression" and cfg.task.get("label_smoothing"):
+        raise ConfigError(f"task.label_smoothing={cfg.task.label_smoothing} does not apply to "
+                          "task=regression (no classes to smooth): use task=classification or "
+                          "task=binary, or set task.label_smoothing=0")
     activation = OmegaConf.select(cfg, "model.output_activation", default=None)
     if not _distlab_option(cfg, "model.output_activation"):
         return

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from distlab.config.checks import flatten
 from distlab.config.schema import GROUP_SCHEMAS
 
@@ -27,13 +29,18 @@ RERUN_NEUTRAL_GROUPS = ("logger", "search")
 
 def effective(config: dict[str, Any]) -> dict[str, Any]:
     """`config` flattened to dotted keys, with what a null stands for filled in where it
-    depends on another key (a cosine schedule's decay_epochs: trainer.epochs)."""
+    depends on another key (a cosine schedule's decay_epochs: trainer.epochs), and a key its
+    group's option has now but the run's config lacks (a run started before that key existed,
+    e.g. task.metrics, task.label_smoothing) at its default: what that run trained with."""
     flat = flatten(config)
+    for group, options in GROUP_SCHEMAS.items():
+        schema = options.get("") or options.get(str(flat.get(f"{group}.name")))
+        if schema is not None and group in config:
+            defaults = OmegaConf.to_container(OmegaConf.structured(schema))
+            for key, value in flatten({group: defaults}).items():
+                flat.setdefault(key, value)
     if flat.get("schedule.name") == "cosine" and flat.get("schedule.decay_epochs") is None:
         flat["schedule.decay_epochs"] = flat.get("trainer.epochs")
-    schema = GROUP_SCHEMAS["task"].get(str(flat.get("task.name")))
-    if "task.metrics" not in flat and schema is not None:  # started before task.metrics existed
-        flat["task.metrics"] = list(schema().metrics)
     return flat
 
 

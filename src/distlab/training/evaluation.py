@@ -1,7 +1,8 @@
 """What an evaluation (`mode=evaluate`) checks against the checkpoint's training run before
 it scores: the same preprocessing, the same split keys (a run dir from before fingerprints)
-or the same rows (`distlab.data.fingerprint`), and the precision it was trained in; and how
-the checkpoint was trained (`trained` in the evaluation's results.json)."""
+or the same rows (`distlab.data.fingerprint`), and the precision and label smoothing it was
+trained with; and how the checkpoint was trained (`trained` in the evaluation's
+results.json)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import flatten
+from distlab.config.reruns import effective
 from distlab.data import fingerprint
 from distlab.errors import DistlabError, override
 from distlab.records.fields import TRAINED
@@ -105,13 +107,21 @@ def trained_with(prefix: str) -> dict[str, Any] | None:
     return {k: trained.get(k) for k in TRAINED} if trained else None
 
 
-def warn_if_other_precision(exp: Experiment, prefix: str) -> None:
-    """An evaluation in another precision than the checkpoint was trained in does not
-    reproduce its figures: say so, with the override that does."""
-    started = run_dir_of(prefix).started_config() or {}
-    trained = started.get("precision")
-    if trained and trained != exp.cfg.precision:
-        log.warning("%s was trained with precision=%s and is evaluated with precision=%s, "
-                    "which moves its figures by that precision's rounding; add "
-                    "precision=%s to reproduce them", prefix, trained, exp.cfg.precision,
-                    trained)
+# keys an evaluation may set otherwise, at the cost of other figures: its precision (their
+# rounding), the loss's label smoothing (test_loss is another loss; accuracy is unchanged)
+FIGURE_KEYS = {"precision": "moves its figures by that precision's rounding",
+               "task.label_smoothing": "makes its test_loss another loss"}
+
+
+def warn_if_figures_differ(exp: Experiment, prefix: str) -> None:
+    """An evaluation with another value of a FIGURE_KEYS key than the checkpoint was trained
+    with does not reproduce its figures: say so, with the override that does."""
+    started = run_dir_of(prefix).started_config()
+    if not started:
+        return
+    trained, now = effective(started), flatten(OmegaConf.to_container(exp.cfg, resolve=True))
+    for key, why in FIGURE_KEYS.items():
+        if key in trained and key in now and trained[key] != now[key]:
+            log.warning("%s was trained with %s=%s and is evaluated with %s=%s, which %s; add "
+                        "%s to reproduce them", prefix, key, trained[key], key, now[key], why,
+                        override(key, trained[key]))

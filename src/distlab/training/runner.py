@@ -320,7 +320,7 @@ def _evaluate(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
     evaluation.check_evaluation_rows(exp)
     prefix = checkpoints.restore_model(exp.cfg.ckpt_path)
     if prefix:
-        evaluation.warn_if_other_precision(exp, prefix)
+        evaluation.warn_if_figures_differ(exp, prefix)
     log.info("restored %s", prefix or "the chief's checkpoint")
     try:
         stop.begin(EVALUATION)

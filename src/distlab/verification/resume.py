@@ -24,14 +24,16 @@ from distlab.verification.session import Session
 
 class SigtermOnce(keras.callbacks.Callback):
     """Send this process SIGTERM after step `step` (0-based) of the first epoch, once: the
-    `marker` file says it was sent (the rerun, which resumes after it, sends none)."""
+    `marker` file says it was sent (the rerun, which resumes after it, sends none). With
+    blocks of several steps per call (loop.steps_per_loop, steps_per_execution) the hook runs
+    after each block's last step: the signal follows the block that holds `step`."""
 
     def __init__(self, step: int, marker: str) -> None:
         super().__init__()
         self.step, self.marker = step, Path(marker)
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-        if batch == self.step and not self.marker.exists():
+        if batch >= self.step and not self.marker.exists():
             self.marker.write_text("sent")
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -53,7 +55,8 @@ def check(session: Session) -> Row:
     whole = interruptible(run(cfg, whole_dir))
     with _quiet_expected_stop():
         first = interruptible(run(stopped_cfg, cut_dir))
-    summary = (f"SIGTERM after step {at} of epoch 1 ({steps} steps an epoch, 2 epochs), rerun: "
+    summary = (f"SIGTERM after step {at} of epoch 1, or the block of steps per call holding it "
+               f"({steps} steps an epoch, 2 epochs), rerun: "
                "weights, optimizer state, history and test figures against the run "
                "uninterrupted")
     if not whole.ok:

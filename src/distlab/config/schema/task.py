@@ -34,6 +34,8 @@ class ClassificationTaskConfig:
 class RegressionTaskConfig:
     name: str = "regression"
     metrics: list[str] = checked(["mae", "rmse"], METRIC_NAMES)  # the loss: MSE
+    # only 0 (config.checks): the key is here so that a preset's smoothing is refused in one line
+    label_smoothing: float = checked(0.0, FRACTION)
 
 
 @dataclass
@@ -45,3 +47,6 @@ class BinaryTaskConfig:
     from_logits: bool | None = None
     # accuracy, auc, precision, recall: at probability 0.5 (auc over 1000 thresholds); also f1
     metrics: list[str] = checked(["accuracy", "auc", "precision", "recall"], METRIC_NAMES)
+    # e.g. 0.1: the loss's target is 1 - 0.1/2 for a 1 label, 0.1/2 for a 0 (Keras'
+    # binary_crossentropy label_smoothing); the loss, val_loss and test_loss are that loss
+    label_smoothing: float = checked(0.0, FRACTION)

@@ -234,6 +234,31 @@ def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
     assert "Traceback" not in error and "\n" not in error, error
 
 
+@pytest.mark.parametrize("args, needle", [
+    # Hydra's own advice for a key it does not know is `+key=...`, which adds it unread
+    (["+task.label_smothing=0.1"], "task.label_smothing is not a key of task=classification, "
+     "so nothing would read it: did you mean task.label_smoothing?"),
+    (["task=binary", "+task.top_k=3"], "task.top_k is not a key of task=binary"),
+    (["+trainer.target.metrc=val_accuracy"], "did you mean trainer.target.metric?"),
+    (["+dataset.bogus=1"], "dataset.bogus is not a key of dataset=mnist"),
+    (["model=mlp", "+model.widht=3"], "model.widht is not a key of model=mlp"),
+])
+def test_a_key_added_where_nothing_reads_it_is_refused(args, needle, tmp_path):
+    error = refusal_in_process(tmp_path / "run", *args)
+    assert needle in error, error
+
+
+def test_keys_of_ones_own_are_left_alone():
+    """A top-level value to interpolate, a Keras application's constructor arguments
+    (model.kwargs, a mapping), a callback's arguments: read by the user's code or Keras."""
+    from distlab.config.checks import check_unknown_keys
+
+    check_unknown_keys(compose_once([
+        "+my_units=16", "model=mlp", "model.hidden_units=[${my_units}]",
+        "+callbacks.csv._target_=keras.callbacks.CSVLogger", "+callbacks.csv.filename=h.csv"]))
+    check_unknown_keys(compose_once(["model=keras_applications", "+model.kwargs.alpha=0.35"]))
+
+
 def test_unknown_option_names_the_group(tmp_path):
     error = refusal_in_process(tmp_path / "run", "loop=nope")  # as the command's stderr
     assert "loop" in error and "custom" in error and "keras_fit" in error, error

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from distlab.config.checks import check_metric_names
+from distlab.config.checks import check_metric_names, check_unknown_keys
 from distlab.data.prepared import check_tfds
 from distlab.errors import ConfigError, DistlabError, described, first_line
 from distlab.registry import CALLBACKS, DATASETS, REGISTRIES, is_tfds_name
@@ -141,6 +141,7 @@ def check(cfg: DictConfig) -> None:
             checked = check_schema(group, node, schema)
             with open_dict(cfg):
                 cfg[group] = checked
+    check_unknown_keys(cfg)  # (a user option's node: check_schema above)
     with _watching("a task.metrics import path"):
         check_metric_names(cfg)  # task.metrics: distlab's, registered or import paths
     for key, entry in (cfg.get("callbacks") or {}).items():  # their names (not _target_s)

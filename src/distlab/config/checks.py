@@ -214,6 +214,41 @@ def _check_int_range(cfg: DictConfig) -> None:
                               f"be below 2**31 ({INT_LIMIT})")
 
 
+def check_unknown_keys(cfg: DictConfig) -> None:
+    """Refuse, in one line, a key under one of distlab's own nodes that its schema does not
+    declare (added with Hydra's `+`, which Hydra itself suggests for a key it does not know,
+    e.g. a misspelt one): nothing would read it. Run once user code is loaded: a user option's
+    node is its own (its registered schema checks it). A top-level key of the user's own (a
+    value to interpolate) is left alone."""
+    import difflib
+
+    from distlab.registry import REGISTRIES
+
+    nodes = {f.name: (f.default_factory, f.name) for f in dataclasses.fields(Config)
+             if dataclasses.is_dataclass(f.default_factory)}  # trainer, search
+    for group, options in GROUP_SCHEMAS.items():
+        name = OmegaConf.select(cfg, f"{group}.name", default=None)
+        if group in REGISTRIES and not REGISTRIES[group].is_builtin(str(name)):
+            continue
+        nodes[group] = (options.get("") or options.get(str(name)), f"{group}={name}")
+    for group, (schema, option) in nodes.items():
+        node = cfg.get(group)
+        if schema is None or not isinstance(node, DictConfig):
+            continue
+        known = {*_rules(schema, f"{group}."), f"{group}.name"}
+        for key in flatten(OmegaConf.to_container(node, resolve=False), f"{group}."):
+            parts = key.split(".")
+            if any(".".join(parts[:i]) in known for i in range(2, len(parts) + 1)) \
+                    or any(k.startswith(f"{key}.") for k in known):
+                continue
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ConfigError(f"{key} is not a key of {option}, so nothing would read it: "
+                              f"{hint}remove it (`python run.py --cfg job` shows every key "
+                              "there is); a value of your own to interpolate goes at the top "
+                              "level (+my_value=...)")
+
+
 def _distlab_option(cfg: DictConfig, key: str) -> bool:
     """Whether `key` belongs to one of distlab's own options (a user's component may use the
     same key names with other meanings; its registered schema checks it instead)."""

@@ -236,16 +236,18 @@ def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     # Hydra's own advice for a key it does not know is `+key=...`, which adds it unread
-    (["+task.label_smothing=0.1"], "task.label_smothing is not a key of task=classification, "
-     "so nothing would read it: did you mean task.label_smoothing?"),
-    (["task=binary", "+task.top_k=3"], "task.top_k is not a key of task=binary"),
+    (["+task.label_smothing=0.1"], "task.label_smothing is not a key of task (name: "
+     "classification) and no interpolation uses it, so nothing would read it: did you mean "
+     "task.label_smoothing?"),
+    (["task=binary", "+task.top_k=3"], "task.top_k is not a key of task (name: binary)"),
     (["+trainer.target.metrc=val_accuracy"], "did you mean trainer.target.metric?"),
-    (["+dataset.bogus=1"], "dataset.bogus is not a key of dataset=mnist"),
-    (["model=mlp", "+model.widht=3"], "model.widht is not a key of model=mlp"),
+    (["+dataset.bogus=1"], "dataset.bogus is not a key of dataset (name: mnist)"),
+    (["model=mlp", "+model.widht=3"], "model.widht is not a key of model (name: mlp)"),
 ])
 def test_a_key_added_where_nothing_reads_it_is_refused(args, needle, tmp_path):
     error = refusal_in_process(tmp_path / "run", *args)
     assert needle in error, error
+    assert ("did you mean" in needle) == ("did you mean" in error), error  # siblings only
 
 
 def test_keys_of_ones_own_are_left_alone():
@@ -257,6 +259,28 @@ def test_keys_of_ones_own_are_left_alone():
         "+my_units=16", "model=mlp", "model.hidden_units=[${my_units}]",
         "+callbacks.csv._target_=keras.callbacks.CSVLogger", "+callbacks.csv.filename=h.csv"]))
     check_unknown_keys(compose_once(["model=keras_applications", "+model.kwargs.alpha=0.35"]))
+    # a helper key of one's own inside a group, read by an interpolation (absolute, relative)
+    check_unknown_keys(compose_once(["model=mlp", "+model.rate=0.2",
+                                     "model.dropout=${model.rate}"]))
+    check_unknown_keys(compose_once(["model=mlp", "+model.width=8",
+                                     "model.hidden_units=[${..width},${..width}]"]))
+
+
+def test_a_rerun_holds_to_what_trained_not_to_keys_nothing_read():
+    """A run dir's config from an earlier distlab: a key it lacks is at its default (what it
+    trained with), and a key no schema declares (added with + before they were refused, read
+    by nothing) is no difference."""
+    from omegaconf import OmegaConf
+
+    from distlab.config import training_diff
+
+    now = OmegaConf.to_container(compose_once(["model=mlp"]), resolve=True)
+    started = OmegaConf.to_container(compose_once(["model=mlp"]), resolve=True)
+    del started["trainer"]["grad_accum_steps"], started["deterministic"]
+    started["task"]["topk"] = 3
+    assert training_diff(started, now) == []
+    now["trainer"]["grad_accum_steps"] = 2
+    assert training_diff(started, now) == ["trainer.grad_accum_steps"]
 
 
 def test_unknown_option_names_the_group(tmp_path):

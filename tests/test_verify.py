@@ -169,11 +169,15 @@ def test_verify_passes_on_tiny_mnist_for_the_default_loop(verify, caplog):
 
 @pytest.mark.slow
 def test_the_resume_check_signals_after_the_block_that_holds_its_step(verify):
-    """loop=custom_fast's blocks of 50 steps are longer than verify's epochs: the hook runs
-    after each block, never after the step itself (experiment=mnist_fast failed here)."""
+    """loop=custom_fast's blocks of 50 steps are longer than verify's epochs (experiment=
+    mnist_fast failed here: the hook runs after each block, never after the step itself):
+    the check shortens them, so that its cut is still mid-epoch."""
     report = verify("model=mlp", "model.hidden_units=[16]", "loop=custom_fast",
                     checks=["resume"])
     assert statuses(report) == {"resume": "passed"}, report.table()
+    assert "blocks of" in report["resume"].summary  # shortened, so that the cut is mid-epoch
+    assert report["resume"].figures["stopped"].startswith(
+        f"stopped by signal {int(signal.SIGTERM)} at epoch 1, step 1"), report["resume"].figures
 
 
 @pytest.mark.slow

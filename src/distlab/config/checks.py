@@ -4,6 +4,7 @@ keys, each refusal one line naming the key (a ConfigError). Never imports Tensor
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -214,39 +215,66 @@ def _check_int_range(cfg: DictConfig) -> None:
                               f"be below 2**31 ({INT_LIMIT})")
 
 
+def schema_nodes(config: dict[str, Any], builtin=None) -> dict[str, tuple[type, str]]:
+    """{node: (its schema, how a message names it)} for the nodes of a config (a plain
+    container) that one of distlab's schemas declares whole: `trainer`, `search`, and each
+    group whose option is distlab's (`builtin(group, name)`; None: whose name has a schema of
+    its own, so not `dataset`, whose schema every dataset, a user's too, extends)."""
+    nodes = {f.name: (f.default_factory, f.name) for f in dataclasses.fields(Config)
+             if dataclasses.is_dataclass(f.default_factory)}
+    for group, options in GROUP_SCHEMAS.items():
+        node = config.get(group)
+        name = node.get("name") if isinstance(node, dict) else None
+        schema = options.get("") if builtin is not None else None
+        schema = schema or options.get(str(name))
+        if schema is not None and (builtin is None or builtin(group, name)):
+            nodes[group] = (schema, f"{group} (name: {name})")
+    return nodes
+
+
+def undeclared(config: dict[str, Any], builtin=None) -> dict[str, tuple[str, set[str]]]:
+    """{dotted key: (the node's name for a message, the keys its schema declares)} for each
+    key of `schema_nodes` that no schema declares and no interpolation of the config reads
+    (`${model.width}`, `${..width}`: a value of the user's own, used by a declared key)."""
+    referenced = {path.lstrip(".") for path in re.findall(r"\$\{([^}:]+)\}", str(config))}
+    found = {}
+    for group, (schema, option) in schema_nodes(config, builtin).items():
+        node = config.get(group)
+        if not isinstance(node, dict):
+            continue
+        known = {*_rules(schema, f"{group}."), f"{group}.name"}
+        for key in flatten(node, f"{group}."):
+            parts = key.split(".")
+            if any(".".join(parts[:i]) in known for i in range(2, len(parts) + 1)) \
+                    or any(k.startswith(f"{key}.") for k in known) \
+                    or any(key == r or key.endswith(f".{r}") for r in referenced):
+                continue
+            found[key] = (option, known)
+    return found
+
+
 def check_unknown_keys(cfg: DictConfig) -> None:
     """Refuse, in one line, a key under one of distlab's own nodes that its schema does not
-    declare (added with Hydra's `+`, which Hydra itself suggests for a key it does not know,
-    e.g. a misspelt one): nothing would read it. Run once user code is loaded: a user option's
-    node is its own (its registered schema checks it). A top-level key of the user's own (a
-    value to interpolate) is left alone."""
+    declare and nothing interpolates (added with Hydra's `+`, which Hydra itself suggests for
+    a key it does not know, e.g. a misspelt one): nothing would read it. Run once user code is
+    loaded: a user option's node is its own (its registered schema checks it). A top-level key
+    of the user's own is left alone."""
     import difflib
 
     from distlab.registry import REGISTRIES
 
-    nodes = {f.name: (f.default_factory, f.name) for f in dataclasses.fields(Config)
-             if dataclasses.is_dataclass(f.default_factory)}  # trainer, search
-    for group, options in GROUP_SCHEMAS.items():
-        name = OmegaConf.select(cfg, f"{group}.name", default=None)
-        if group in REGISTRIES and not REGISTRIES[group].is_builtin(str(name)):
-            continue
-        nodes[group] = (options.get("") or options.get(str(name)), f"{group}={name}")
-    for group, (schema, option) in nodes.items():
-        node = cfg.get(group)
-        if schema is None or not isinstance(node, DictConfig):
-            continue
-        known = {*_rules(schema, f"{group}."), f"{group}.name"}
-        for key in flatten(OmegaConf.to_container(node, resolve=False), f"{group}."):
-            parts = key.split(".")
-            if any(".".join(parts[:i]) in known for i in range(2, len(parts) + 1)) \
-                    or any(k.startswith(f"{key}.") for k in known):
-                continue
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise ConfigError(f"{key} is not a key of {option}, so nothing would read it: "
-                              f"{hint}remove it (`python run.py --cfg job` shows every key "
-                              "there is); a value of your own to interpolate goes at the top "
-                              "level (+my_value=...)")
+    def builtin(group: str, name: Any) -> bool:
+        return group not in REGISTRIES or REGISTRIES[group].is_builtin(str(name))
+
+    for key, (option, known) in undeclared(OmegaConf.to_container(cfg, resolve=False),
+                                           builtin).items():
+        parent, _, last = key.rpartition(".")
+        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+        close = difflib.get_close_matches(last, siblings, n=1)
+        hint = f"did you mean {parent}.{close[0]}? " if close else ""
+        raise ConfigError(f"{key} is not a key of {option} and no interpolation uses it, so "
+                          f"nothing would read it: {hint}remove it (`python run.py --cfg job` "
+                          "shows every key there is)")
 
 
 def _distlab_option(cfg: DictConfig, key: str) -> bool:

@@ -6,8 +6,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from distlab.config.checks import flatten
-from distlab.config.schema import GROUP_SCHEMAS
+from distlab.config.checks import flatten, undeclared
+from distlab.config.schema import GROUP_SCHEMAS, Config
 
 # Keys a rerun into an existing run directory may change: they do not change what the
 # optimizer sees (how long, how often to checkpoint or report, where data is read from).
@@ -29,16 +29,22 @@ RERUN_NEUTRAL_GROUPS = ("logger", "search")
 
 def effective(config: dict[str, Any]) -> dict[str, Any]:
     """`config` flattened to dotted keys, with what a null stands for filled in where it
-    depends on another key (a cosine schedule's decay_epochs: trainer.epochs), and a key its
-    group's option has now but the run's config lacks (a run started before that key existed,
-    e.g. task.metrics, task.label_smoothing) at its default: what that run trained with."""
+    depends on another key (a cosine schedule's decay_epochs: trainer.epochs); a key the
+    schema has now but the run's config lacks (a run started before that key existed, e.g.
+    task.label_smoothing) at its default, which is what that run trained with; and without a
+    key that no schema declares and nothing interpolated (added with `+` before distlab
+    refused such keys: nothing read it)."""
     flat = flatten(config)
+    for key in undeclared(config):
+        flat.pop(key, None)
+    defaults = OmegaConf.to_container(OmegaConf.structured(Config))  # top level, trainer, ...
     for group, options in GROUP_SCHEMAS.items():
-        schema = options.get("") or options.get(str(flat.get(f"{group}.name")))
-        if schema is not None and group in config:
-            defaults = OmegaConf.to_container(OmegaConf.structured(schema))
-            for key, value in flatten({group: defaults}).items():
-                flat.setdefault(key, value)
+        schema = options.get("") or options.get(str((config.get(group) or {}).get("name")))
+        defaults[group] = (OmegaConf.to_container(OmegaConf.structured(schema))
+                           if schema is not None and group in config else {})
+    for key, value in flatten(defaults).items():
+        if value != "???":  # (a key every config sets)
+            flat.setdefault(key, value)
     if flat.get("schedule.name") == "cosine" and flat.get("schedule.decay_epochs") is None:
         flat["schedule.decay_epochs"] = flat.get("trainer.epochs")
     return flat

@@ -110,7 +110,7 @@ def trained_with(prefix: str) -> dict[str, Any] | None:
 # keys an evaluation may set otherwise, at the cost of other figures: its precision (their
 # rounding), the loss's label smoothing (test_loss is another loss; accuracy is unchanged)
 FIGURE_KEYS = {"precision": "moves its figures by that precision's rounding",
-               "task.label_smoothing": "makes its test_loss another loss"}
+               "task.label_smoothing": "makes its loss figures those of another loss"}
 
 
 def warn_if_figures_differ(exp: Experiment, prefix: str) -> None:
@@ -123,5 +123,5 @@ def warn_if_figures_differ(exp: Experiment, prefix: str) -> None:
     for key, why in FIGURE_KEYS.items():
         if key in trained and key in now and trained[key] != now[key]:
             log.warning("%s was trained with %s=%s and is evaluated with %s=%s, which %s; add "
-                        "%s to reproduce them", prefix, key, trained[key], key, now[key], why,
-                        override(key, trained[key]))
+                        "%s to reproduce the training run's figures", prefix, key, trained[key],
+                        key, now[key], why, override(key, trained[key]))

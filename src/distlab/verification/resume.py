@@ -38,13 +38,23 @@ class SigtermOnce(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _blocks_up_to(session: Session, steps: int) -> list[str]:
+    """`loop.steps_per_loop` / `loop.steps_per_execution` set to `steps` where the run's loop
+    has the key at a larger value."""
+    loop = session.run_config.loop
+    return [f"loop.{key}={steps}" for key in ("steps_per_loop", "steps_per_execution")
+            if isinstance(loop.get(key), int) and loop.get(key) > steps]
+
+
 def check(session: Session) -> Row:
     from distlab.launch.job import run
 
     steps = session.options.steps
     at = steps // 2  # after this many steps of the first epoch (mid-epoch)
     whole_dir, cut_dir = session.where("resume-whole"), session.where("resume-stopped")
-    extra = _brief_evaluation(session)
+    # blocks of steps per call no longer than the cut, so that it falls mid-epoch (the loops
+    # train alike in blocks of any length: the `loops` check)
+    extra = [*_brief_evaluation(session), *_blocks_up_to(session, at)]
     batch = 4 * session.options.batch  # (what it is does not matter here: fewer steps)
     cfg = session.brief_config(*extra, batch=batch)
     marker = cut_dir.parent / f"{cut_dir.name}.sigterm"
@@ -55,8 +65,9 @@ def check(session: Session) -> Row:
     whole = interruptible(run(cfg, whole_dir))
     with _quiet_expected_stop():
         first = interruptible(run(stopped_cfg, cut_dir))
-    summary = (f"SIGTERM after step {at} of epoch 1, or the block of steps per call holding it "
-               f"({steps} steps an epoch, 2 epochs), rerun: "
+    blocks = f", blocks of {at} steps per call" if _blocks_up_to(session, at) else ""
+    summary = (f"SIGTERM after step {at} of epoch 1 ({steps} steps an epoch, 2 epochs{blocks}), "
+               "rerun: "
                "weights, optimizer state, history and test figures against the run "
                "uninterrupted")
     if not whole.ok:

@@ -166,8 +166,7 @@ def regression(cfg: DictConfig) -> Task:
 def binary(cfg: DictConfig) -> Task:
     """Binary cross-entropy (with `label_smoothing`, Keras' smoothing towards 0.5) on 0/1 labels
     (ints or floats) and a model with one output unit (a logit, or a sigmoid probability);
-    `metrics` (default: accuracy at probability 0.5, AUC,
-    precision, recall)."""
+    `metrics` (default: accuracy at probability 0.5, AUC, precision, recall)."""
     smoothing = float(cfg.get("label_smoothing") or 0.0)
 
     def loss(y, p):

@@ -119,9 +119,10 @@ def warn_if_figures_differ(exp: Experiment, prefix: str) -> None:
     started = run_dir_of(prefix).started_config()
     if not started:
         return
-    trained, now = effective(started), flatten(OmegaConf.to_container(exp.cfg, resolve=True))
+    trained = effective(started)
     for key, why in FIGURE_KEYS.items():
-        if key in trained and key in now and trained[key] != now[key]:
+        now = OmegaConf.select(exp.cfg, key, default=None)
+        if key in trained and now is not None and trained[key] != now:
             log.warning("%s was trained with %s=%s and is evaluated with %s=%s, which %s; add "
                         "%s to reproduce the training run's figures", prefix, key, trained[key],
-                        key, now[key], why, override(key, trained[key]))
+                        key, now, why, override(key, trained[key]))

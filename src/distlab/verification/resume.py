@@ -54,7 +54,8 @@ def check(session: Session) -> Row:
     whole_dir, cut_dir = session.where("resume-whole"), session.where("resume-stopped")
     # blocks of steps per call no longer than the cut, so that it falls mid-epoch (the loops
     # train alike in blocks of any length: the `loops` check)
-    extra = [*_brief_evaluation(session), *_blocks_up_to(session, at)]
+    shortened = _blocks_up_to(session, at)
+    extra = [*_brief_evaluation(session), *shortened]
     batch = 4 * session.options.batch  # (what it is does not matter here: fewer steps)
     cfg = session.brief_config(*extra, batch=batch)
     marker = cut_dir.parent / f"{cut_dir.name}.sigterm"
@@ -65,7 +66,7 @@ def check(session: Session) -> Row:
     whole = interruptible(run(cfg, whole_dir))
     with _quiet_expected_stop():
         first = interruptible(run(stopped_cfg, cut_dir))
-    blocks = f", blocks of {at} steps per call" if _blocks_up_to(session, at) else ""
+    blocks = f", blocks of {at} steps per call" if shortened else ""
     summary = (f"SIGTERM after step {at} of epoch 1 ({steps} steps an epoch, 2 epochs{blocks}), "
                "rerun: "
                "weights, optimizer state, history and test figures against the run "

@@ -30,7 +30,9 @@ class ClipPerReplica(distlab.Loop):
             predictions = self.exp.model(features, training=True)
             loss, per_example_loss = self.compute_loss(labels, predictions, weights)
         grads = self.gradients(tape, loss)
-        grads, _ = tf.clip_by_global_norm(grads, CLIP_NORM)  # this replica's gradient only
+        norm = tf.linalg.global_norm(grads)  # this replica's gradient only
+        if norm > CLIP_NORM:  # a Python `if` on a tensor: autograph still converts a user's step
+            grads, _ = tf.clip_by_global_norm(grads, CLIP_NORM, use_norm=norm)
         self.apply_gradients(grads)
         return self.batch_stats(labels, predictions, per_example_loss, weights)
 

@@ -18,6 +18,7 @@ import math
 import keras
 import tensorflow as tf
 from omegaconf import DictConfig
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.components.tasks import Metric, Task, aligned, probabilities
 from distlab.errors import DistlabError
@@ -48,6 +49,7 @@ def accuracy(cfg: DictConfig, task: Task) -> Metric:
         return Metric("accuracy", keras.metrics.sparse_categorical_accuracy)
     prepare = probabilities(task, rank=1)
 
+    @do_not_convert
     def binary_accuracy(y: tf.Tensor, p: tf.Tensor) -> tf.Tensor:
         y, p = prepare(y, p)
         return tf.cast(tf.equal(y, tf.cast(p > THRESHOLD, y.dtype)), tf.float32)
@@ -86,12 +88,14 @@ def f1(cfg: DictConfig, task: Task) -> Metric:
 def mae(cfg: DictConfig, task: Task) -> Metric:
     """Regression: the mean absolute error."""
     _check("mae", task)
-    return Metric("mae", lambda y, p: keras.losses.mean_absolute_error(*aligned(y, p)),
+    return Metric("mae", do_not_convert(
+        lambda y, p: keras.losses.mean_absolute_error(*aligned(y, p))),
                   higher_is_better=False)
 
 
 def rmse(cfg: DictConfig, task: Task) -> Metric:
     """Regression: the square root of the mean squared error."""
     _check("rmse", task)
-    return Metric("rmse", lambda y, p: keras.losses.mean_squared_error(*aligned(y, p)),
+    return Metric("rmse", do_not_convert(
+        lambda y, p: keras.losses.mean_squared_error(*aligned(y, p))),
                   finalize=math.sqrt, higher_is_better=False)

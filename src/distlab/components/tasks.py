@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.errors import DistlabError
 
@@ -133,6 +134,7 @@ def classification(cfg: DictConfig) -> Task:
     `top_k`, top-k accuracy."""
     smoothing = float(cfg.get("label_smoothing") or 0.0)
 
+    @do_not_convert  # (distlab's own graph code: traced as written, see Loop)
     def loss(y, p):
         if not smoothing:
             return keras.losses.sparse_categorical_crossentropy(
@@ -147,14 +149,15 @@ def classification(cfg: DictConfig) -> Task:
     task.metrics = configured_metrics(cfg, task)
     if cfg.get("top_k"):
         k = int(cfg.top_k)
-        task.metrics.append(Metric(f"top{k}_accuracy", lambda y, p: (
-            keras.metrics.sparse_top_k_categorical_accuracy(y, p, k=k))))
+        task.metrics.append(Metric(f"top{k}_accuracy", do_not_convert(lambda y, p: (
+            keras.metrics.sparse_top_k_categorical_accuracy(y, p, k=k)))))
     return task
 
 
 def regression(cfg: DictConfig) -> Task:
     """Mean squared error; `metrics` (default: MAE and RMSE). Labels of shape [batch] or
     [batch, outputs]."""
+    @do_not_convert
     def squared(y, p):
         return keras.losses.mean_squared_error(*aligned(y, p))
 
@@ -169,6 +172,7 @@ def binary(cfg: DictConfig) -> Task:
     `metrics` (default: accuracy at probability 0.5, AUC, precision, recall)."""
     smoothing = float(cfg.get("label_smoothing") or 0.0)
 
+    @do_not_convert
     def loss(y, p):
         return keras.losses.binary_crossentropy(*aligned(y, p), from_logits=bool(task.from_logits),
                                                 label_smoothing=smoothing)

@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 from omegaconf import DictConfig
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.data.source import RawSplits
 from distlab.errors import DistlabError
@@ -42,14 +43,15 @@ def hold_out(ds: tf.data.Dataset, mask: np.ndarray,
 
     def rows(keep: bool) -> tf.data.Dataset:
         if fixed:
+            @do_not_convert
             def pick(i, batch):
                 n = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
                 chosen = tf.equal(held[i * chunk:i * chunk + n], keep)
                 return tf.nest.map_structure(lambda t: tf.boolean_mask(t, chosen), batch)
 
             return ds.batch(chunk).enumerate().map(pick).unbatch()
-        picked = ds.enumerate().filter(lambda i, example: tf.equal(held[i], keep))
-        return picked.map(lambda i, example: example)
+        picked = ds.enumerate().filter(do_not_convert(lambda i, example: tf.equal(held[i], keep)))
+        return picked.map(do_not_convert(lambda i, example: example))
 
     return rows(False), rows(True)
 

@@ -18,6 +18,7 @@ import dataclasses
 import math
 
 from omegaconf import DictConfig, OmegaConf
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.data import cache as data_cache
 from distlab.data import finite
@@ -57,7 +58,8 @@ def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | 
     named = {cfg.train_split: raw_train, cfg.test_split: raw_test}
     if splits.validation is not None:
         named[splits.validation_from] = splits.validation
-    ready = {split: ds.map(lambda x, y: (preprocess(x), y), num_parallel_calls=AUTOTUNE)
+    ready = {split: ds.map(do_not_convert(lambda x, y: (preprocess(x), y)),
+                           num_parallel_calls=AUTOTUNE)
              for split, ds in named.items()}
     if cfg.disk_cache and cache_key is not None:  # tfds only: a user's data has no version
         disk = data_cache.DiskCache.of(data_cache.cache_root(cfg.cache_dir))  # the run's

@@ -8,7 +8,10 @@ in-memory tensors, and the batches are the same as shuffling and batching the ro
 themselves (a shuffle's order does not depend on what it shuffles), and tf.data no
 longer reads, shuffles and copies the examples one by one. `distribute` gives
 each replica its even share of a global batch, with the row weights that let a short last
-batch be split over any replica count."""
+batch be split over any replica count.
+
+distlab's own dataset functions are traced as written (`do_not_convert`): none has Python
+control flow on tensors, and autograph's conversion of them cost about 0.5 s per run."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.data.structure import batched
 
@@ -58,7 +62,8 @@ class Data:
         """The training split's model inputs (no labels), preprocessed, unshuffled, in
         batches of `batch_size` rows whatever the replica count (padded as training batches
         are): what a model builder adapts its preprocessing layers on."""
-        return batched(self.train.map(lambda x, y: x, num_parallel_calls=AUTOTUNE), batch_size)
+        return batched(self.train.map(do_not_convert(lambda x, y: x), num_parallel_calls=AUTOTUNE),
+                       batch_size)
 
     @property
     def full_pass(self) -> bool:
@@ -83,6 +88,7 @@ class Data:
         rows = self.train_rows if augment is None else None  # augmenting: row by row
         num_rows = int(tf.nest.flatten(rows)[0].shape[0]) if rows is not None else 0
 
+        @do_not_convert
         def one_epoch(epoch: tf.Tensor) -> tf.data.Dataset:
             if rows is not None:  # the row numbers take the examples' place, then gather
                 ds = tf.data.Dataset.range(num_rows)
@@ -159,6 +165,7 @@ def distribute(strategy: tf.distribute.Strategy,
         local = replicas // ctx.num_input_pipelines
         first = ctx.input_pipeline_id * local
 
+        @do_not_convert
         def split(features, labels) -> tf.data.Dataset:
             return tf.data.Dataset.range(first, first + local).map(
                 lambda k: replica_rows((features, labels), k, replicas))
@@ -182,6 +189,7 @@ def replica_rows(batch, k: tf.Tensor, replicas: int):
     return features, labels, tf.fill([size], weight)
 
 
+@do_not_convert
 def _whole_batch(features, labels):
     n = tf.shape(tf.nest.flatten(labels)[0])[0]
     return features, labels, tf.ones([n], tf.float32)
@@ -228,8 +236,8 @@ def in_memory(ds: tf.data.Dataset, rows: int,
         start += n
     if start != rows:  # the split is not the size it was said to be: stream it as it is
         return ds, None
-    by_row = tf.data.Dataset.range(rows).batch(chunk).map(
-        lambda index: tf.nest.map_structure(lambda v: tf.gather(v, index), variables))
+    by_row = tf.data.Dataset.range(rows).batch(chunk).map(do_not_convert(
+        lambda index: tf.nest.map_structure(lambda v: tf.gather(v, index), variables)))
     return by_row.unbatch(), variables
 
 

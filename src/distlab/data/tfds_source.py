@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from omegaconf import DictConfig, OmegaConf
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.data import cache as data_cache
 from distlab.data import slices
@@ -131,8 +132,8 @@ def tfds_splits(cfg: DictConfig) -> RawSplits:
                           info.splits)
     x, y = keys
     sizes = [_num_examples(info, name, ds) for name, ds in zip(names, datasets, strict=True)]
-    train, test, *validation = (dense_inputs(ds.map(lambda ex: (_select(ex, x), ex[y]),
-                                                    num_parallel_calls=AUTOTUNE))
+    select = do_not_convert(lambda ex: (_select(ex, x), ex[y]))
+    train, test, *validation = (dense_inputs(ds.map(select, num_parallel_calls=AUTOTUNE))
                                 for ds in datasets)
     label = info.features[y]
     classes = isinstance(label, tfds.features.ClassLabel)
@@ -159,7 +160,7 @@ def _tfds_labels(builder: tfds.core.DatasetBuilder, cfg: DictConfig, x: str | li
         ds = builder.as_dataset(split=cfg.train_split, shuffle_files=False, decoders=skip)
     except (ValueError, TypeError, KeyError):
         ds = builder.as_dataset(split=cfg.train_split, shuffle_files=False)
-    labels = ds.map(lambda ex: (0, ex[y]))
+    labels = ds.map(do_not_convert(lambda ex: (0, ex[y])))
     if not cfg.disk_cache:
         return class_labels(labels)
     name = data_cache.entry_name(f"{cfg.name}-{cfg.train_split}-labels", {

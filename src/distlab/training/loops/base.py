@@ -15,6 +15,11 @@ distributed step (mean per-example loss and task metrics over the whole split; p
 weigh 0, so the figures do not depend on the replica count). A task's stateful Keras metrics
 (`training.metrics`) are updated in the same steps: `batch_stats` updates the training set,
 evaluation its own set, and their states follow the sums (`training.epoch_sums`).
+
+distlab's own pieces of a step that call no code of a user's (`gradients`,
+`apply_gradients`, the checks run while tracing) are traced as written (`do_not_convert`:
+no Python control flow on tensors there); autograph still converts `train_step` and what
+it calls, so a user's step may branch on tensors.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
+from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.data.stream import distribute
 from distlab.errors import DistlabError
@@ -80,6 +86,7 @@ class Loop:
             loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
         return optimizer.scale_loss(loss), per_example_loss
 
+    @do_not_convert
     def gradients(self, tape: tf.GradientTape, loss: tf.Tensor) -> list[tf.Tensor | None]:
         """The gradient of `compute_loss`'s loss for each trainable variable of the model,
         with the loss scale taken out: this replica's share of the true gradient, to clip
@@ -94,6 +101,7 @@ class Loop:
             return grads
         return [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
 
+    @do_not_convert
     def apply_gradients(self, grads) -> None:
         """Update the model's trainable variables with `gradients`' result (or values like
         it) through the run's optimizer: the loss scale's finite check and update, gradient
@@ -105,6 +113,7 @@ class Loop:
             grads = [None if g is None else g * tf.cast(scale, g.dtype) for g in grads]
         self.exp.optimizer.apply_gradients(zip(grads, variables, strict=True))
 
+    @do_not_convert
     def _loss_scale(self) -> tf.Tensor | None:
         """The factor compute_loss multiplied the loss by, or None (no loss scaling)."""
         optimizer = self.exp.optimizer
@@ -182,6 +191,7 @@ class Loop:
                 f"vector of {self.num_stats} sums")
         return stats
 
+    @do_not_convert
     def _warn_unless_loss_computed(self) -> None:
         """A step that computed its loss without compute_loss, where that drops something:
         one warning (while the step is traced)."""
@@ -213,6 +223,7 @@ class Loop:
                                          self.loss_fn(labels, predictions), weights,
                                          self.exp.metrics.eval)
 
+    @do_not_convert
     def _reduce(self, per_replica) -> tf.Tensor:
         return self.exp.strategy.reduce(SUM, per_replica, axis=None)
 

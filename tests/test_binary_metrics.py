@@ -512,10 +512,18 @@ def log_loss(cfg, task):
     """A user's stateful metric that ranks down (Keras' BinaryCrossentropy: its own direction),
     by import path: task.metrics=[..., test_binary_metrics:log_loss]; its [batch] labels shaped
     like the model's [batch, 1] outputs."""
+    import tensorflow as tf
+
     from distlab import Metric
     from distlab.components.tasks import aligned
 
-    return Metric("log_loss", keras.metrics.BinaryCrossentropy(), prepare=aligned)
+    def prepare(y, p):  # a Python `if` on a tensor: autograph still converts a user's metric
+        y, p = aligned(y, p)
+        if tf.reduce_any(p > 1.0):  # never, for the sigmoid model it is used with
+            p = tf.sigmoid(p)
+        return y, p
+
+    return Metric("log_loss", keras.metrics.BinaryCrossentropy(), prepare=prepare)
 
 
 @pytest.mark.slow

@@ -107,8 +107,8 @@ def test_presets():
     assert (fit.loop.name, fit.dataset.name, fit.trainer.epochs) == ("keras_fit", "mnist", 12)
     assert fit.schedule.name == "step_decay" and list(fit.schedule.factors) == [1.0, 0.1, 0.01]
     tuned = compose_once(["experiment=tutorial_keras_mnist_tuned"])
-    assert (tuned.loop.name, tuned.loop.steps_per_execution, tuned.strategy.name) == (
-        "keras_fit", 50, "default")
+    assert (tuned.loop.name, tuned.loop.steps_per_loop, tuned.strategy.name) == (
+        "custom", 50, "default")
     assert list(tuned.schedule.boundaries) == [3, 7] and tuned.trainer.validate_every == 0
     custom = compose_once(["experiment=tutorial_custom_fashion"])
     assert (custom.loop.name, custom.dataset.name, custom.trainer.epochs) == (

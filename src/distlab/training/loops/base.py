@@ -16,10 +16,11 @@ weigh 0, so the figures do not depend on the replica count). A task's stateful K
 (`training.metrics`) are updated in the same steps: `batch_stats` updates the training set,
 evaluation its own set, and their states follow the sums (`training.epoch_sums`).
 
-distlab's own pieces of a step that call no code of a user's (`gradients`,
-`apply_gradients`, the checks run while tracing) are traced as written (`do_not_convert`:
-no Python control flow on tensors there); autograph still converts `train_step` and what
-it calls, so a user's step may branch on tensors.
+distlab's own pieces of a step that call no code of a user's (`gradients`, the loss scale,
+the checks run while tracing) are traced as written (`do_not_convert`: no Python control
+flow on tensors there); autograph still converts `train_step` and what it calls of a
+user's (the task's loss and metrics, the optimizer's `apply_gradients`), so a user's code
+may branch on tensors.
 """
 
 from __future__ import annotations
@@ -101,7 +102,6 @@ class Loop:
             return grads
         return [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
 
-    @do_not_convert
     def apply_gradients(self, grads) -> None:
         """Update the model's trainable variables with `gradients`' result (or values like
         it) through the run's optimizer: the loss scale's finite check and update, gradient

@@ -146,12 +146,12 @@ TRAINING = ("model.l2=0.01", "optimizer=sgd", "optimizer.learning_rate=0.1",
 
 
 def training_cases() -> dict[str, Case]:
-    from distlab.config.schema import PRECISIONS
+    from distlab.config.schema import POLICIES
 
     cases = {f"l2-clipnorm-accum-{r}x-{loop}": Case(TRAINING, loop, replicas=r)
              for r in (1, 2) for loop in LOOPS}
     # precision: mixed_float16's loss scaling is each loop's own code, mixed_bfloat16 has none
-    for i, precision in enumerate(p for p in PRECISIONS if p != "float32"):
+    for i, precision in enumerate(p for p in POLICIES if p != "float32"):
         loops = LOOPS if precision == "mixed_float16" else LOOPS[i % 2:i % 2 + 1]
         for loop in loops:
             cases[f"{precision}-{loop}"] = Case(

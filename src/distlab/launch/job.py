@@ -28,6 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from distlab import plugins
+from distlab.components import precision
 from distlab.config import validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import (
@@ -149,6 +150,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             run_dir = RunDir(scratch)
         run_dir.check_writable()
         run_dir.lock()  # one job per run directory (a dead holder's lock is released)
+        precision.resolve(cfg)  # auto: this machine's policy, the one recorded and compared
         config = OmegaConf.to_container(cfg, resolve=True)
         verdict, refusal, previous = "train", None, None
         if worker.is_chief:

@@ -38,6 +38,7 @@ class Session:
         `brief_overrides`), validated and its user code imported (as a run checks it before
         training), without Hydra's node."""
         from distlab import plugins
+        from distlab.components import precision
         from distlab.config import validate
         from distlab.launch.api import _compose
         from distlab.launch.job import _check_interpolations
@@ -50,6 +51,7 @@ class Session:
             _check_interpolations(cfg)
             validate(cfg)
             plugins.check(cfg)
+            precision.resolve(cfg)  # auto: this machine's policy (the checks' tolerances)
             self._composed[key] = cfg
         return self._composed[key].copy()
 

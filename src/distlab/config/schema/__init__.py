@@ -53,6 +53,7 @@ from distlab.config.schema.rules import (
     MODE,
     NON_NEGATIVE,
     OUTPUT_ACTIVATION,
+    POLICIES,
     POSITIVE,
     PRECISIONS,
     RESNET_DEPTH,
@@ -123,7 +124,10 @@ class Config:
     # seeds the model, the data order of each epoch (with the epoch) and augmentation
     seed: int = checked(42, SEED)
     deterministic: bool = False  # true: seed everything and turn on TF op determinism
-    precision: str = checked("float32", one_of(*PRECISIONS))  # the Keras dtype policy
+    # the Keras dtype policy; auto: mixed_bfloat16 where every training device computes
+    # bfloat16 natively (a CPU with avx512_bf16/amx_bf16, GPUs of compute capability 8.0+),
+    # else float32, chosen as the run starts and recorded in its run directory
+    precision: str = checked("float32", one_of(*PRECISIONS))
     # train, or evaluate ckpt_path's checkpoint on the splits it was trained with
     mode: str = checked("train", (lambda v: v in ("train", "evaluate"),
                                   "must be train or evaluate"))
@@ -157,8 +161,8 @@ __all__ = ["AdamConfig", "AugmentConfig", "BestCheckpointConfig", "BinaryTaskCon
            "FeaturesConfig", "GROUP_SCHEMAS", "INT_LIMIT", "KerasApplicationsModelConfig",
            "KerasFitLoopConfig", "LEARNING_RATE", "LoggerConfig", "LoopConfig", "METRIC",
            "METRIC_NAMES", "MODE", "MlflowLoggerConfig", "MlpModelConfig", "NON_NEGATIVE",
-           "OBJECTIVE", "OBJECTIVES", "OUTPUT_ACTIVATION", "OptimizerConfig", "POSITIVE",
-           "PRECISIONS", "PreprocessConfig", "RESNET_DEPTH", "RMSpropConfig",
+           "OBJECTIVE", "OBJECTIVES", "OUTPUT_ACTIVATION", "OptimizerConfig", "POLICIES",
+           "POSITIVE", "PRECISIONS", "PreprocessConfig", "RESNET_DEPTH", "RMSpropConfig",
            "RegressionTaskConfig", "ResNetModelConfig", "Rule", "SEED", "SGDConfig",
            "ScheduleConfig",
            "StepDecayConfig", "StrategyConfig", "TargetConfig", "ThroughputConfig",

@@ -62,7 +62,8 @@ FEATURE_NAMES: Rule = (lambda v: isinstance(v, str) and bool(v) or (
     not isinstance(v, str | int | float | bool) and len(v) > 0
     and all(isinstance(k, str) and k for k in v)),
     "must be a feature name or a non-empty list of feature names")
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")  # Keras' dtype policies
+PRECISIONS = (*POLICIES, "auto")  # auto: distlab.components.precision picks one per machine
 # a seed: any value in [0, 2**32) (the int32 limit below does not apply to it)
 SEED: Rule = (lambda v: 0 <= v < 2**32, "must be in [0, 2**32)")
 INT_LIMIT = 2**31  # every integer key of distlab's options is below it (seed: below 2**32)

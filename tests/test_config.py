@@ -123,6 +123,10 @@ def test_presets():
         assert cfg.dataset.validation == "auto" and cfg.strategy.name == "default"
         assert cfg.trainer.test_every == 0 and not cfg.trainer.export
         assert (cfg.loop.name, cfg.loop.steps_per_loop) == ("custom", 50)
+    # bfloat16 where the CPU computes it natively (section 26); the MNIST presets as chosen
+    assert [compose_once([f"experiment={p}"]).precision for p in (
+        "fashion_fast", "mnist_fast", "tutorial_keras_mnist_tuned")] == ["auto", "float32",
+                                                                         "float32"]
 
 
 PINNED = {"tutorial_keras_mnist": ["strategy", "dataset", "model", "optimizer", "schedule",

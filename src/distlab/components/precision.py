@@ -1,22 +1,22 @@
 """`precision`: the Keras dtype policy a run trains with, and what `precision=auto` picks.
 
-`auto` is `mixed_bfloat16` where every device that trains computes bfloat16 natively, and
-`float32` elsewhere: on GPUs, compute capability 8.0 or above (Ampere and later); without a
-GPU, a CPU with bfloat16 instructions (`avx512_bf16` or `amx_bf16` among its flags in
-/proc/cpuinfo: AMD Zen 4, Intel Cooper Lake and Sapphire Rapids onwards). Elsewhere oneDNN
-emulates bfloat16 and a run is slower than in float32 (docs/BENCHMARKS.md), so `auto` keeps
-float32. A run resolves `auto` once, as it starts; its run directory records the policy it
-chose (the config a rerun is compared with, and results.json's `precision`).
+`auto` is `mixed_bfloat16` where every device the run trains on computes bfloat16 natively,
+and `float32` elsewhere: GPUs of compute capability 8.0 or above (Ampere and later); a CPU
+with bfloat16 instructions (`avx512_bf16` or `amx_bf16` among its flags in /proc/cpuinfo:
+AMD Zen 4, Intel Cooper Lake and Sapphire Rapids onwards). The devices are the strategy's:
+`default` and `one_device` train on one (the first GPU, `strategy.device`'s, or the CPU),
+the others on every GPU of the machine, or on its CPU without GPUs. Each process (each
+worker of a cluster) decides for its own machine. On a CPU without those instructions
+oneDNN emulates bfloat16, slower than float32, so `auto` keeps float32. A run resolves
+`auto` once, as it starts; its run directory records the policy it chose (the config a
+rerun is compared with, and results.json's `precision`).
 """
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from omegaconf import DictConfig, read_write
-
-log = logging.getLogger("distlab")
 
 NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 BF16_GPU_CAPABILITY = (8, 0)
@@ -41,25 +41,47 @@ def gpu_capabilities() -> list[tuple[int, int] | None]:
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def auto_policy() -> tuple[str, str]:
-    """(the policy `precision=auto` picks on this machine, why)."""
-    gpus = gpu_capabilities()
+def training_gpus(strategy: DictConfig | None, gpus: list) -> list:
+    """Of `gpus` (one entry per GPU of this machine), those the `strategy` config trains on:
+    `default` and `one_device` one device (the first GPU, or `strategy.device`'s, or none
+    when it names a CPU), the others every GPU. Empty: it trains on the CPU."""
+    name = strategy.get("name") if strategy is not None else None
+    if not gpus or name not in ("default", "one_device"):
+        return list(gpus)
+    device = strategy.get("device") if name == "one_device" else None
+    if not device:
+        return list(gpus[:1])
+    import tensorflow as tf
+
+    try:
+        spec = tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
+    except ValueError:  # (the strategy refuses it in one line as it is built)
+        return list(gpus[:1])
+    if (spec.device_type or "").upper() != "GPU":
+        return []
+    index = spec.device_index or 0
+    return list(gpus[index:index + 1])
+
+
+def auto_policy(strategy: DictConfig | None = None) -> tuple[str, str]:
+    """(the policy `precision=auto` picks for a run of `strategy` on this machine, why)."""
+    gpus = training_gpus(strategy, gpu_capabilities())
     if gpus:
         if all(c is not None and tuple(c) >= BF16_GPU_CAPABILITY for c in gpus):
-            return "mixed_bfloat16", "its GPUs compute bfloat16 natively"
-        return "float32", "not every GPU computes bfloat16 natively (compute capability < 8.0)"
+            return "mixed_bfloat16", "the GPUs it trains on compute bfloat16 natively"
+        return "float32", ("a GPU it trains on does not compute bfloat16 natively (compute "
+                           "capability < 8.0)")
     if native := sorted(NATIVE_BF16_CPU_FLAGS & cpu_flags()):
         return "mixed_bfloat16", f"the CPU computes bfloat16 natively ({', '.join(native)})"
     return "float32", "the CPU has no bfloat16 instructions (avx512_bf16, amx_bf16)"
 
 
-def resolve(cfg: DictConfig) -> str:
-    """Set `cfg.precision` to the policy it stands for (`auto`: this machine's, logged once)
-    and return it; any other value is returned as it is."""
+def resolve(cfg: DictConfig) -> str | None:
+    """Set `cfg.precision` to the policy `auto` stands for on this machine, for its strategy;
+    return the line to log about that choice (None: the precision was not auto)."""
     if cfg.precision != "auto":
-        return cfg.precision
-    policy, why = auto_policy()
-    log.info("precision=auto: %s (%s)", policy, why)
+        return None
+    policy, why = auto_policy(cfg.get("strategy"))
     with read_write(cfg):
         cfg.precision = policy
-    return policy
+    return f"precision=auto: {policy} ({why})"

@@ -150,11 +150,15 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             run_dir = RunDir(scratch)
         run_dir.check_writable()
         run_dir.lock()  # one job per run directory (a dead holder's lock is released)
-        precision.resolve(cfg)  # auto: this machine's policy, the one recorded and compared
+        # auto: this machine's policy, the one recorded and compared (logged once it trains)
+        asked_auto, chose = cfg.precision == "auto", precision.resolve(cfg)
         config = OmegaConf.to_container(cfg, resolve=True)
         verdict, refusal, previous = "train", None, None
         if worker.is_chief:
             refusal = rerun_refusal(run_dir, config, cfg.mode)
+            if refusal and asked_auto and "precision (" in refusal:
+                refusal += (f" (precision=auto chose {cfg.precision} here: give the run's "
+                            "precision to resume it on this machine)")
             previous = run_dir.read_results()
             verdict = ("refused" if refusal else
                        "completed" if already_completed(previous, cfg) else "train")
@@ -166,8 +170,16 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
             strategy = runner.connect(cfg, run_dir.results_json if worker.is_chief else None,
                                       failed_results(cfg, "", origin or started))
             # before anything is built or trained: the same experiment on every worker
-            multi_worker.same_config(worker, config, run_dir.path,
-                                     cfg.strategy.connect_timeout_s)
+            try:
+                multi_worker.same_config(worker, config, run_dir.path,
+                                         cfg.strategy.connect_timeout_s)
+            except DistlabError as e:
+                if not (asked_auto and "precision (" in str(e)):
+                    raise
+                raise DistlabError(
+                    f"{e}; precision=auto chose per machine, and these machines' devices "
+                    f"differ (this one: {chose.removeprefix('precision=auto: ')}): give every "
+                    "worker precision=float32 or mixed_bfloat16") from None
             verdict = multi_worker.agree(strategy, verdict if worker.is_chief else None)
         if verdict == "refused":
             if sweep_dir is not None and worker.is_chief:  # a failed job of the sweep
@@ -189,6 +201,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         stop.begin(SETUP)  # (the stage since the handlers; from here the run dir is ours)
         if log_file and scratch is None:
             logging_to.enter_context(_log_to(run_dir.path / "run.log"))
+        if chose:
+            log.info(chose)
         if cfg.mode == "train":
             run_dir.record_start(config)
         if scratch is None and tracking.tracks(tracker):

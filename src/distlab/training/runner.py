@@ -118,7 +118,9 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     strategy = strategy or connect(cfg)
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
-    reset_state(cfg.seed, cfg.deterministic, precision.resolve(cfg))
+    if chose := precision.resolve(cfg):  # (distlab.run resolved it already)
+        log.info(chose)
+    reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     if cfg.mode == "evaluate" and worker.is_chief:
         evaluation.check_evaluation_splits(cfg)
     # before anything is built: a bad entry is one line naming callbacks.<name>

@@ -61,7 +61,8 @@ def build(cfg: DictConfig, where: Path, test_rows: int | None = None,
     from distlab.training import experiment, runner
 
     strategy = runner.connect(cfg)
-    runner.reset_state(cfg.seed, cfg.deterministic, precision.resolve(cfg))
+    precision.resolve(cfg)  # (the session's configs are resolved already)
+    runner.reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     now = time.time()
     exp = experiment.build(cfg, RunDir(where), strategy, Worker(), now, now)
     if test_rows is not None:

@@ -124,9 +124,9 @@ class Config:
     # seeds the model, the data order of each epoch (with the epoch) and augmentation
     seed: int = checked(42, SEED)
     deterministic: bool = False  # true: seed everything and turn on TF op determinism
-    # the Keras dtype policy; auto: mixed_bfloat16 where every training device computes
-    # bfloat16 natively (a CPU with avx512_bf16/amx_bf16, GPUs of compute capability 8.0+),
-    # else float32, chosen as the run starts and recorded in its run directory
+    # the Keras dtype policy; auto: mixed_bfloat16 where every device the strategy trains
+    # on computes bfloat16 natively (a CPU with avx512_bf16/amx_bf16, GPUs of compute
+    # capability 8.0+), else float32, chosen as the run starts and recorded in its run dir
     precision: str = checked("float32", one_of(*PRECISIONS))
     # train, or evaluate ckpt_path's checkpoint on the splits it was trained with
     mode: str = checked("train", (lambda v: v in ("train", "evaluate"),

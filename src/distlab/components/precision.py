@@ -41,31 +41,12 @@ def gpu_capabilities() -> list[tuple[int, int] | None]:
             for gpu in tf.config.list_physical_devices("GPU")]
 
 
-def training_gpus(strategy: DictConfig | None, gpus: list) -> list:
-    """Of `gpus` (one entry per GPU of this machine), those the `strategy` config trains on:
-    `default` and `one_device` one device (the first GPU, or `strategy.device`'s, or none
-    when it names a CPU), the others every GPU. Empty: it trains on the CPU."""
-    name = strategy.get("name") if strategy is not None else None
-    if not gpus or name not in ("default", "one_device"):
-        return list(gpus)
-    device = strategy.get("device") if name == "one_device" else None
-    if not device:
-        return list(gpus[:1])
-    import tensorflow as tf
+def auto_policy(strategy: DictConfig) -> tuple[str, str]:
+    """(the policy `precision=auto` picks for a run of `strategy` (its config) on this
+    machine, why)."""
+    from distlab.components import strategies  # (TensorFlow: only for precision=auto)
 
-    try:
-        spec = tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
-    except ValueError:  # (the strategy refuses it in one line as it is built)
-        return list(gpus[:1])
-    if (spec.device_type or "").upper() != "GPU":
-        return []
-    index = spec.device_index or 0
-    return list(gpus[index:index + 1])
-
-
-def auto_policy(strategy: DictConfig | None = None) -> tuple[str, str]:
-    """(the policy `precision=auto` picks for a run of `strategy` on this machine, why)."""
-    gpus = training_gpus(strategy, gpu_capabilities())
+    gpus = strategies.trained_gpus(strategy, gpu_capabilities())
     if gpus:
         if all(c is not None and tuple(c) >= BF16_GPU_CAPABILITY for c in gpus):
             return "mixed_bfloat16", "the GPUs it trains on compute bfloat16 natively"
@@ -81,7 +62,7 @@ def resolve(cfg: DictConfig) -> str | None:
     return the line to log about that choice (None: the precision was not auto)."""
     if cfg.precision != "auto":
         return None
-    policy, why = auto_policy(cfg.get("strategy"))
+    policy, why = auto_policy(cfg.strategy)
     with read_write(cfg):
         cfg.precision = policy
     return f"precision=auto: {policy} ({why})"

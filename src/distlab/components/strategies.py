@@ -85,12 +85,33 @@ def one_device(cfg: DictConfig) -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy(existing_device(device))
 
 
+def _device_spec(device: str) -> tf.DeviceSpec | None:
+    """`strategy.device` parsed ("/gpu:1", "GPU:1", "/cpu:0"); None if it is not a device."""
+    try:
+        return tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
+    except ValueError:
+        return None
+
+
+def trained_gpus(cfg: DictConfig, gpus: list) -> list:
+    """Of `gpus` (one entry per GPU of this machine, in order), those a strategy of `cfg`
+    trains on: `default` and `one_device` one (the first, or `cfg.device`'s; none when it
+    names a CPU or no such GPU), the others every one. Empty: it trains on the CPU."""
+    if not gpus or cfg.get("name") not in ("default", "one_device"):
+        return list(gpus)
+    device = cfg.get("device") if cfg.get("name") == "one_device" else None
+    spec = _device_spec(device) if device else None
+    if spec is None:  # the first GPU (an unparsable device is refused as the strategy builds)
+        return list(gpus[:1])
+    if (spec.device_type or "").upper() != "GPU":
+        return []
+    index = spec.device_index or 0
+    return list(gpus[index:index + 1])
+
+
 def existing_device(device: str) -> str:
     """`device` if this process has it (TF would silently place the work elsewhere)."""
-    try:
-        spec = tf.DeviceSpec.from_string(device if device.startswith("/") else f"/{device}")
-    except ValueError:
-        spec = None
+    spec = _device_spec(device)
     have = [tf.DeviceSpec.from_string(d.name) for d in tf.config.list_logical_devices()]
     if spec is not None and spec.device_type and any(
             d.device_type == spec.device_type.upper() and d.device_index == (spec.device_index or 0)

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 from omegaconf import DictConfig
 
-from distlab.components import optimizers, precision, strategies
+from distlab.components import optimizers, strategies
 from distlab.config import JIT_ON_LOGICAL_CPUS
 from distlab.distribute import multi_worker
 from distlab.distribute.cluster import Worker
@@ -118,8 +118,6 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
     strategy = strategy or connect(cfg)
     if cfg.loop.jit_compile and strategies.local_cpu_replicas(strategy) > 1:
         raise DistlabError(JIT_ON_LOGICAL_CPUS)
-    if chose := precision.resolve(cfg):  # (distlab.run resolved it already)
-        log.info(chose)
     reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     if cfg.mode == "evaluate" and worker.is_chief:
         evaluation.check_evaluation_splits(cfg)

@@ -55,13 +55,11 @@ def build(cfg: DictConfig, where: Path, test_rows: int | None = None,
     """The experiment of `cfg` (validated) under its strategy, reset to its seed, with only
     the first `test_rows` rows of its test split scored (None: all); `loop`: a loop class
     in place of `loop.name`'s."""
-    from distlab.components import precision
     from distlab.data.stream import prefetched
     from distlab.registry import LOOPS
     from distlab.training import experiment, runner
 
     strategy = runner.connect(cfg)
-    precision.resolve(cfg)  # (the session's configs are resolved already)
     runner.reset_state(cfg.seed, cfg.deterministic, cfg.precision)
     now = time.time()
     exp = experiment.build(cfg, RunDir(where), strategy, Worker(), now, now)

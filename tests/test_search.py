@@ -83,7 +83,7 @@ def test_search_space_in_hydras_override_grammar():
         IntDistribution,
     )
 
-    from hydra_plugins.distlab_sweepers.optuna import search_space
+    from hydra_plugins.distlab_sweepers.search_space import search_space
 
     space, fixed = search_space(
         {"optimizer.learning_rate": "tag(log, interval(0.0001, 0.01))",

@@ -36,6 +36,10 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.distlab_sweepers.search_space import search_space
+from hydra_plugins.distlab_sweepers.sweep_records import claim_sweep_dir, record_arguments
+from hydra_plugins.distlab_sweepers.trial_jobs import job_status, job_value
+
 log = logging.getLogger(__name__)
 AUTO = "auto"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -131,7 +135,7 @@ class DistlabOptunaSweeper(Sweeper):
         from distlab.launch import sweep_signals
         from distlab.search import build_pruner, open_storage, storage_location
 
-        _record_arguments(self._config, arguments)
+        record_arguments(self._config, arguments)
         space, fixed = search_space(self.params, arguments)
         if self.repeats > 1 and "seed" in space:
             from distlab.errors import ConfigError
@@ -143,7 +147,7 @@ class DistlabOptunaSweeper(Sweeper):
         self._space, self._fixed = space, fixed
         self._location = storage_location(self.storage, self._sweep_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        _claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
+        claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
         try:
             study = optuna.create_study(
                 study_name=self.study_name, storage=open_storage(self._location),
@@ -276,12 +280,12 @@ class DistlabOptunaSweeper(Sweeper):
 
         from distlab.launch import sweep_signals
 
-        ended = [_job_status(ret) for ret in rets]
+        ended = [job_status(ret) for ret in rets]
         statuses = [s if s in ("completed", "pruned") or not sweep_signals.stopping()
                     else "interrupted"  # stopped by the search's signal (or never started)
                     for s, _ in ended]
         values = [v for s, ret in zip(statuses, rets, strict=True)
-                  if s == "completed" and (v := _value(ret)) is not None]
+                  if s == "completed" and (v := job_value(ret)) is not None]
         status, results = ended[0]
         status = ("interrupted" if "interrupted" in statuses else
                   "completed" if values else statuses[0])
@@ -343,56 +347,6 @@ class DistlabOptunaSweeper(Sweeper):
         return None
 
 
-def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Optuna distributions for the swept keys of `hydra.sweeper.params` and the command
-    line (Hydra's override grammar), and the fixed values."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    given = [f"{k!s}={v}" for k, v in (params or {}).items()] + list(arguments)
-    space: dict[str, Any] = {}
-    fixed: dict[str, Any] = {}
-    for override in OverridesParser.create().parse_overrides(given):
-        key = override.get_key_element()
-        value = distribution(override)
-        if isinstance(value, str):
-            fixed[key] = value
-            space.pop(key, None)
-        else:
-            space[key] = value
-            fixed.pop(key, None)
-    return space, fixed
-
-
-def distribution(override: Any) -> Any:
-    """One override as an Optuna distribution (or its value, a string, when not a sweep)."""
-    from hydra.core.override_parser.types import Transformer
-    from optuna.distributions import (
-        CategoricalDistribution,
-        FloatDistribution,
-        IntDistribution,
-    )
-
-    if not override.is_sweep_override():
-        return override.get_value_element_as_str()
-    value = override.value()
-    if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
-        return CategoricalDistribution(list(override.sweep_iterator(
-            transformer=Transformer.encode)))
-    if override.is_range_sweep():  # range(start, stop, step): stop excluded, as in Hydra
-        step = value.step
-        if any(isinstance(v, float) for v in (value.start, value.stop, step)):
-            n = int((value.stop - value.start) / step - 1e-9)
-            return FloatDistribution(value.start, value.start + n * step, step=step)
-        last = value.start + ((int(value.stop) - 1 - int(value.start)) // int(step)) * int(step)
-        return IntDistribution(int(value.start), int(last), step=int(step))
-    if override.is_interval_sweep():
-        log_scale = "log" in value.tags
-        if isinstance(value.start, int) and isinstance(value.end, int):
-            return IntDistribution(value.start, value.end, log=log_scale)
-        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
-    raise NotImplementedError(f"{override.input_line}: not a search space Optuna can sample")
-
-
 def _instantiate(sampler: Any, resumed: int = 0) -> Any:
     """The sampler (`{_target_: optuna.samplers.X, ...}`, which Hydra may already have
     built); None: Optuna's default. In a search resumed with `resumed` trials, a seeded
@@ -406,61 +360,6 @@ def _instantiate(sampler: Any, resumed: int = 0) -> Any:
     if resumed and cfg.get("seed") is not None:
         cfg.seed = (int(cfg.seed) + 1_000_003 * resumed) % 2**32
     return instantiate(cfg)
-
-
-SEARCH_RECORD = "search.yaml"  # in the sweep dir's .distlab/: the study its jobs belong to
-
-
-def _claim_sweep_dir(sweep_dir: str, study_name: str, location: str) -> None:
-    """Record which study the sweep dir's jobs belong to; refuse another study there (its
-    trials would take over the jobs of this one: trial N is job N)."""
-    from distlab.errors import ConfigError
-
-    path = Path(sweep_dir) / ".distlab" / SEARCH_RECORD
-    mine = {"study_name": study_name, "storage": location}
-    if path.exists():
-        held = OmegaConf.to_container(OmegaConf.load(path))
-        if held != mine:
-            raise ConfigError(
-                f"{sweep_dir} holds the jobs of the study {held.get('study_name')!r} "
-                f"({held.get('storage')}); this search is {study_name!r} ({location}): use "
-                "another hydra.sweep.dir, or that study's hydra.sweeper.study_name and "
-                "storage")
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(mine), path)
-
-
-def _job_status(ret: Any) -> tuple[str, dict[str, Any]]:
-    """How a trial's job ended, as its results.json says (completed, pruned, interrupted,
-    failed; `refused` for a run dir this sweep refused), and that record."""
-    from distlab.launch import refusals
-    from distlab.records.run_dir import RunDir
-
-    try:
-        run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
-        if str(run_dir.resolve()) in refusals.read(str(ret.hydra_cfg.hydra.sweep.dir)):
-            return "refused", {}
-        results = RunDir(run_dir).read_results() or {}
-    except Exception:  # noqa: BLE001 - no readable results: the job did not finish
-        return "failed", {}
-    if _raised(ret):
-        return "failed", results
-    return str(results.get("status") or "failed"), results
-
-
-def _raised(ret: Any) -> bool:
-    from hydra.core.utils import JobStatus
-
-    return getattr(ret, "status", None) == JobStatus.FAILED
-
-
-def _value(ret: Any) -> float | None:
-    try:
-        value = ret.return_value
-        return None if value is None else float(value)
-    except Exception:  # noqa: BLE001 - a job that raised has no value
-        return None
 
 
 def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
@@ -479,17 +378,3 @@ def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
 def _objective_field(config: DictConfig) -> str:
     """The results.json field the jobs return (as `distlab.launch.job` picks it)."""
     return str(config.get("objective") or "the objective (the task's first metric)")
-
-
-def _record_arguments(config: DictConfig, arguments: list[str]) -> None:
-    """The sweep's command-line overrides, in the sweep dir, for a tracker to tell the swept
-    keys (`distlab.tracking.session.swept_keys`; Hydra's basic sweeper has multirun.yaml)."""
-    from distlab.tracking.session import SWEEP_OVERRIDES
-
-    path = Path(str(config.hydra.sweep.dir)) / SWEEP_OVERRIDES
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create({"overrides": list(arguments)}), path)
-    except OSError as e:
-        log.warning("could not record the sweep's overrides in %s (%s): tracker run names "
-                    "will not put the swept keys first", path, e)

@@ -1,0 +1,56 @@
+"""The search space of distlab's Optuna sweeper: `hydra.sweeper.params` and the command line,
+in Hydra's override grammar, as Optuna distributions and fixed values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Optuna distributions for the swept keys of `hydra.sweeper.params` and the command
+    line (Hydra's override grammar), and the fixed values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = [f"{k!s}={v}" for k, v in (params or {}).items()] + list(arguments)
+    space: dict[str, Any] = {}
+    fixed: dict[str, Any] = {}
+    for override in OverridesParser.create().parse_overrides(given):
+        key = override.get_key_element()
+        value = distribution(override)
+        if isinstance(value, str):
+            fixed[key] = value
+            space.pop(key, None)
+        else:
+            space[key] = value
+            fixed.pop(key, None)
+    return space, fixed
+
+
+def distribution(override: Any) -> Any:
+    """One override as an Optuna distribution (or its value, a string, when not a sweep)."""
+    from hydra.core.override_parser.types import Transformer
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    if not override.is_sweep_override():
+        return override.get_value_element_as_str()
+    value = override.value()
+    if override.is_choice_sweep() or (override.is_range_sweep() and value.shuffle):
+        return CategoricalDistribution(list(override.sweep_iterator(
+            transformer=Transformer.encode)))
+    if override.is_range_sweep():  # range(start, stop, step): stop excluded, as in Hydra
+        step = value.step
+        if any(isinstance(v, float) for v in (value.start, value.stop, step)):
+            n = int((value.stop - value.start) / step - 1e-9)
+            return FloatDistribution(value.start, value.start + n * step, step=step)
+        last = value.start + ((int(value.stop) - 1 - int(value.start)) // int(step)) * int(step)
+        return IntDistribution(int(value.start), int(last), step=int(step))
+    if override.is_interval_sweep():
+        log_scale = "log" in value.tags
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return IntDistribution(value.start, value.end, log=log_scale)
+        return FloatDistribution(float(value.start), float(value.end), log=log_scale)
+    raise NotImplementedError(f"{override.input_line}: not a search space Optuna can sample")

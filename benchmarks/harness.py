@@ -1,9 +1,11 @@
 """Benchmark harness: distlab (`python run.py ...`) against hand-written TensorFlow scripts.
 
-Every figure comes from whole processes run one at a time, *alternating* the variants
-(A B A B ... for two; A B C A B C ... for scans), so that the slow drift of a shared,
-noisy machine hits every variant alike. For each round the ratio of each variant to the
-first is printed; the summary gives medians over rounds.
+Every figure comes from whole processes run one at a time, *alternating* the variants,
+each round starting one variant later (A B, B A, ... for two; A B C, B C A, C A B, ... for
+three; `--fixed-order`: A B C every round), so that the slow drift of a shared, noisy
+machine, and any advantage of running first or after another, hits every variant alike.
+For each round the ratio of each variant to the first one given is printed; the summary
+gives medians over rounds.
 
     export TFDS_DATA_DIR=../shared/tensorflow_datasets
     python benchmarks/harness.py overhead --pairs 3              # fit tutorial, 2 epochs
@@ -169,21 +171,28 @@ def warm_up(variants: list[Variant], out: Path, repo: Path, env: dict[str, str],
 
 
 def alternate(variants: list[Variant], rounds: int, out: Path, repo: Path,
-              env: dict[str, str], timeout: float, tag: str) -> list[Record]:
-    """Rounds of A B (C ...); prints each run and each round's ratios to the first."""
+              env: dict[str, str], timeout: float, tag: str, rotate: bool = True,
+              ) -> list[Record]:
+    """Rounds of every variant; prints each run and each round's ratios to the first variant.
+    `rotate`: round r starts at variant r (A B C, B C A, C A B, ...), so that over as many
+    rounds as variants each runs once in each place (a machine that speeds up or slows down
+    within a round, or favours the run after another, hits them alike); else A B C each
+    round."""
     records: list[Record] = []
+    base = variants[0]
     for r in range(1, rounds + 1):
-        this_round = []
-        for v in variants:
+        shift = (r - 1) % len(variants) if rotate else 0
+        this_round = {}
+        for v in variants[shift:] + variants[:shift]:
             run_dir = out / tag / f"r{r}_{_slug(v.name)}"
             rec = run_once(v, run_dir, repo, env, r, timeout)
             records.append(rec)
-            this_round.append(rec)
+            this_round[v.name] = rec
             print(f"[{tag}] round {r} {v.name}: {_describe(rec)}", flush=True)
-        first = this_round[0]
+        first = this_round[base.name]
         if first.ok:
             ratios = ", ".join(f"{x.variant}/{first.variant} = {x.wall_s / first.wall_s:.3f}"
-                               for x in this_round[1:] if x.ok)
+                               for x in this_round.values() if x.ok and x is not first)
             print(f"[{tag}] round {r} wall-time ratios: {ratios}", flush=True)
     return records
 
@@ -390,7 +399,7 @@ def fast_variants(a: argparse.Namespace) -> list[Variant]:
 
 def floor_variants(a: argparse.Namespace) -> list[Variant]:
     # benchmarks/floor.py (the same model and steps with nothing around them) against the
-    # tuned preset, same epochs; each one's steady epoch is the median of its epochs 2-6
+    # tuned preset, same epochs; each one's steady epoch is the median of its epochs 2 to the last
     tuned = ["experiment=tutorial_keras_mnist_tuned", f"trainer.epochs={a.epochs}",
              "trainer.export=false", QUIET, *a.extra]
     return [Variant("floor", "script", [FLOOR, "--epochs", str(a.epochs)]),
@@ -398,7 +407,8 @@ def floor_variants(a: argparse.Namespace) -> list[Variant]:
 
 
 def steady_epoch(rec: Record) -> float | None:
-    """A run's steady epoch in seconds: the median over epochs 2-6 of its training time (the
+    """A run's steady epoch in seconds: the median over epochs 2 to the last of its training
+    time (the
     floor's results.json; a distlab run's history.csv, examples / examples_per_sec, which
     leaves out the epoch end: checkpoint, TensorBoard, the epoch line)."""
     if not rec.ok:
@@ -411,7 +421,7 @@ def steady_epoch(rec: Record) -> float | None:
         return None
     header = rows[0].split(",")
     eps = [float(r.split(",")[header.index("examples_per_sec")]) for r in rows[1:]]
-    steady = [NUM_TRAIN["mnist"] / x for x in eps[1:6]]
+    steady = [NUM_TRAIN["mnist"] / x for x in eps[1:]]
     return statistics.median(steady) if steady else None
 
 
@@ -557,6 +567,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="TFDS_DATA_DIR for every run (default: $TFDS_DATA_DIR, else "
                         "../shared/tensorflow_datasets next to the repo)")
     p.add_argument("--timeout", type=float, default=3600, help="per-run limit, seconds")
+    p.add_argument("--fixed-order", dest="rotate", action="store_false",
+                   help="every round runs the variants in the order given (default: round r "
+                        "starts at variant r, so each runs in each place)")
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                    help="no untimed epoch of each distlab variant first (its data cache warm)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -698,7 +711,7 @@ def main(argv: list[str] | None = None) -> None:
                  "(each on experiment=tutorial_keras_mnist)")
     if a.warm_up:
         warm_up(variants, out, repo, env, a.timeout, a.command)
-    records = alternate(variants, rounds, out, repo, env, a.timeout, a.command)
+    records = alternate(variants, rounds, out, repo, env, a.timeout, a.command, a.rotate)
     report(a.command, title, records, variants, out, meta)
     if a.command == "floor":
         floor_report(records, out)

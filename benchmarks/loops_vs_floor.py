@@ -8,11 +8,14 @@ back, so a variant's ratio to the floor is taken seconds apart. Variants:
 - fit:     experiment=tutorial_keras_mnist_tuned with loop=keras_fit_fast (Keras' compiled
            train function, 50 steps per call)
 - custom:  the same with loop=custom_fast (distlab's step, 50 steps per call)
+- stream:  the floor's step and epoch function fed by the preset's own data stream (distlab's
+           tf.data pipeline, one batch per `next` in the step) instead of in-graph gathers:
+           how much of the gap is the input hand-over, how much the step's extras
 
 Each distlab variant is the preset's experiment as `distlab.train` builds it (data stream,
 model, optimizer, schedule, metric sums), driven block by block as the Controller does.
-Prints every repetition's seconds, then per variant the median of its per-repetition ratios
-to the floor.
+Repetition r starts at variant r (the order rotates, as in `harness.py`). Prints every
+repetition's seconds, then per variant the median of its per-repetition ratios to the floor.
 
     TFDS_DATA_DIR=../shared/tensorflow_datasets python benchmarks/loops_vs_floor.py --reps 8
 """
@@ -42,6 +45,7 @@ from distlab.registry import LOOPS  # noqa: E402
 from distlab.training import experiment, runner  # noqa: E402
 
 LOOP = {"fit": "loop=keras_fit_fast", "custom": "loop=custom_fast"}
+VARIANTS = [*LOOP, "stream"]
 
 
 def preset(*overrides: str):
@@ -68,14 +72,43 @@ def distlab_epoch(strategy: tf.distribute.Strategy, *overrides: str):
     return epoch
 
 
+def stream_epoch(strategy: tf.distribute.Strategy):
+    """One epoch of the floor's step (its model, Adam at 1e-3, the loss only) per call, each
+    batch taken from the preset's own training stream inside the one `tf.function`."""
+    import keras
+
+    cfg = preset()
+    exp = experiment.build(cfg, RunDir(tempfile.mkdtemp(prefix="loops-vs-floor-")), strategy,
+                           Worker(), time.time(), time.time())
+    loop = LOOPS.get(cfg.loop.name)(exp)
+    iterator, steps = loop.train_iterator(0), exp.data.steps_per_epoch
+    model, optimizer = make_model(), keras.optimizers.Adam(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def epoch(iterator):
+        total = tf.constant(0.0)
+        for _ in tf.range(steps):
+            x, y, _weights = next(iterator)
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            total += loss
+        return total
+
+    return lambda _: float(epoch(iterator))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=8)
-    p.add_argument("variants", nargs="*", help="fit, custom (default: both)")
+    p.add_argument("variants", nargs="*", help="fit, custom, stream (default: fit, custom)")
     args = p.parse_args()
     args.variants = args.variants or ["fit", "custom"]
-    if unknown := set(args.variants) - set(LOOP):
-        p.error(f"unknown variant(s) {sorted(unknown)}: choose from {sorted(LOOP)}")
+    if unknown := set(args.variants) - set(VARIANTS):
+        p.error(f"unknown variant(s) {sorted(unknown)}: choose from {VARIANTS}")
     register_configs()
     strategy = runner.connect(preset())
     runner.reset_state(0, False)
@@ -83,14 +116,17 @@ def main() -> None:
     floor = epoch_function(make_model(), images, labels)
     variants = {"floor": lambda e: float(floor(tf.constant(e, tf.int64)))}
     for name in args.variants:
-        variants[name] = distlab_epoch(strategy, LOOP[name])
+        variants[name] = (stream_epoch(strategy) if name == "stream"
+                          else distlab_epoch(strategy, LOOP[name]))
     for run in variants.values():  # traced, untimed
         run(0)
     seconds: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
     for rep in range(args.reps):
-        for name, run in variants.items():
+        shift = rep % len(names)
+        for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            run(rep + 1)
+            variants[name](rep + 1)
             seconds[name].append(time.perf_counter() - start)
         print(f"rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in seconds.items()),
               flush=True)

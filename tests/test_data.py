@@ -71,14 +71,27 @@ def test_a_train_split_in_memory_streams_the_same_batches_as_row_by_row(tiny_dat
                                    num_replicas=1, seed=3, steps_per_epoch=None)
               for cache in (True, False)}
     assert loaded[True].train_rows is not None and loaded[False].train_rows is None
+    assert loaded[True].rows_in_memory and not loaded[False].rows_in_memory
+    with pytest.raises(ValueError, match="not held in memory"):
+        loaded[False].train_row_epochs(0, 1)
     for steps, first, skip in [(None, 0, 0), (None, 1, 2), (11, 0, 0), (11, 1, 3)]:
         gathered, rows = ([(x.numpy(), y.numpy()) for x, y in dataclasses.replace(
             d, steps_per_epoch=steps or d.steps_per_epoch).train_epochs(first, 3, skip)]
             for d in (loaded[True], loaded[False]))
-        assert len(gathered) == len(rows) > 0
-        for (x, y), (x2, y2) in zip(gathered, rows, strict=True):
+        # the row numbers a step takes (the default strategy's steps), gathered in the step
+        in_memory = dataclasses.replace(loaded[True], steps_per_epoch=steps
+                                        or loaded[True].steps_per_epoch)
+        in_step = [tuple(t.numpy() for t in tf.function(in_memory.gathered)(index))
+                   for index in in_memory.train_row_epochs(first, 3, skip)]
+        assert len(gathered) == len(rows) == len(in_step) > 0
+        short = in_memory.num_train % 64  # a short last batch in a whole pass
+        assert short and {len(y) for _, y in gathered} == ({64} if steps else {64, short})
+        for (x, y), (x2, y2), (x3, y3, w3) in zip(gathered, rows, in_step, strict=True):
             np.testing.assert_array_equal(y, y2)
             np.testing.assert_array_equal(x, x2)
+            np.testing.assert_array_equal(y, y3)
+            np.testing.assert_array_equal(x, x3)
+            np.testing.assert_array_equal(w3, np.ones(len(y), np.float32))
 
 
 def test_offline_unprepared_dataset_fails_fast_with_a_clear_message(tmp_path, monkeypatch):

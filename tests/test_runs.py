@@ -274,3 +274,36 @@ def test_a_sweep_over_seeds_from_zero(tiny_data_dir, tmp_path):
         assert "epoch 1/1 - learning_rate" in (tmp_path / str(job) / "run.log").read_text()
         losses.append(results["test_loss"])
     assert len(set(losses)) == 3  # three seeds, three runs
+
+
+def test_steps_that_gather_their_rows_train_as_on_streamed_batches(run_once, run_inprocess,
+                                                                   monkeypatch, tmp_path):
+    """Under the default strategy with the train split in memory, loop=custom's steps take
+    row numbers from the stream and gather their batch; keras_fit's (its own train_steps),
+    and any loop with dataset.cache=false, get tf.data's batches: the same history and test
+    figures, digit for digit, in blocks with a short last one; stopped mid-epoch and rerun,
+    the same rows again."""
+    import signal
+
+    from conftest import stop_at
+
+    common = ("strategy=default", "trainer.validate_every=1")
+    custom = ("loop=custom", "loop.steps_per_loop=3")
+    runs = {name: run_once(*common, *extra) for name, extra in [
+        ("gathered", custom), ("fit", ("loop=keras_fit", "loop.steps_per_execution=3")),
+        ("streamed", (*custom, "dataset.cache=false"))]}
+    figures = ("loss", "accuracy", "val_loss", "val_accuracy")
+    rows = {name: [[row[k] for k in figures] for row in RunDir(run_dir).read_history()]
+            for name, (_, run_dir) in runs.items()}
+    assert len(rows["gathered"]) == 2 and rows["gathered"] == rows["fit"] == rows["streamed"]
+    tests = {name: results["test_loss"] for name, (results, _) in runs.items()}
+    assert len(set(tests.values())) == 1, tests
+    out = tmp_path / "stopped"
+    stop_at(monkeypatch, epoch=1, step=3)  # after the first block of epoch 2
+    with pytest.raises(SystemExit) as stopped:
+        run_inprocess(*common, *custom, out=out)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    resumed = run_inprocess(*common, *custom, out=out)
+    assert [[row[k] for k in figures] for row in RunDir(out).read_history()] == rows["fit"]
+    assert resumed["test_loss"] == tests["fit"]

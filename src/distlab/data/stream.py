@@ -6,7 +6,10 @@ an uninterrupted run). A train split held in memory (`dataset.cache`) is streame
 indices: the shuffle and batching run on row numbers, each batch is gathered from the
 in-memory tensors, and the batches are the same as shuffling and batching the rows
 themselves (a shuffle's order does not depend on what it shuffles), and tf.data no
-longer reads, shuffles and copies the examples one by one. `distribute` gives
+longer reads, shuffles and copies the examples one by one. Under the default strategy a
+loop's steps take the row numbers themselves and gather their batch (`train_row_epochs`,
+`gathered`): the same batches, without tf.data handing each one over (about 8% of a small
+model's epoch on 2 cores; docs/BENCHMARKS.md section 27). `distribute` gives
 each replica its even share of a global batch, with the row weights that let a short last
 batch be split over any replica count.
 
@@ -82,6 +85,34 @@ class Data:
 
         `skip_steps` drops the first batches of `first_epoch` (resuming mid-epoch).
         """
+        return self._epochs(first_epoch, end_epoch, skip_steps, gather=True)
+
+    @property
+    def rows_in_memory(self) -> bool:
+        """Whether the train stream can be taken as row numbers (`train_row_epochs`): the
+        split is held in memory and not augmented (an augmented one streams row by row)."""
+        return self.train_rows is not None and self.augment is None
+
+    def train_row_epochs(self, first_epoch: int, end_epoch: int,
+                         skip_steps: int = 0) -> tf.data.Dataset:
+        """As `train_epochs`, each batch as the numbers of its rows in memory (an int64
+        vector): `gathered(batch)` is then the batch `train_epochs` gives, with its weights.
+        Only where `rows_in_memory`."""
+        if not self.rows_in_memory:
+            raise ValueError("the train split is not held in memory as rows")
+        return self._epochs(first_epoch, end_epoch, skip_steps, gather=False)
+
+    @do_not_convert
+    def gathered(self, index: tf.Tensor) -> tuple[Any, Any, tf.Tensor]:
+        """(features, labels, weights) of the rows numbered `index`: one replica's whole batch
+        (see `distribute`), taken from memory inside a training step."""
+        return _whole_batch(*self._gather(index))
+
+    def _gather(self, index: tf.Tensor) -> Any:
+        return tf.nest.map_structure(lambda v: tf.gather(v, index), self.train_rows)
+
+    def _epochs(self, first_epoch: int, end_epoch: int, skip_steps: int,
+                gather: bool) -> tf.data.Dataset:
         base, buffer, seed = self.train, self.shuffle_buffer, self.seed
         gb, steps, full_pass = self.global_batch_size, self.steps_per_epoch, self.full_pass
         augment = self.augment
@@ -105,9 +136,8 @@ class Data:
                 ds = ds.repeat()  # batch is full (steps_per_epoch beyond one pass included)
             ds = batched(ds, gb)
             ds = ds if full_pass else ds.take(steps)
-            if rows is not None:  # (variables: a tensor captured here would be copied)
-                ds = ds.map(lambda index: tf.nest.map_structure(
-                    lambda v: tf.gather(v, index), rows))
+            if rows is not None and gather:  # (variables: a captured tensor would be copied)
+                ds = ds.map(do_not_convert(self._gather))
             return ds
 
         epochs = tf.data.Dataset.range(first_epoch, end_epoch).flat_map(one_epoch)

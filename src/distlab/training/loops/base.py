@@ -33,7 +33,7 @@ import keras
 import tensorflow as tf
 from tensorflow.autograph.experimental import do_not_convert
 
-from distlab.data.stream import distribute
+from distlab.data.stream import distribute, is_default
 from distlab.errors import DistlabError
 from distlab.training.epoch_sums import EpochSums
 from distlab.training.experiment import Experiment
@@ -134,10 +134,22 @@ class Loop:
 
     def train_iterator(self, initial_epoch: int, skip_steps: int = 0):
         """The distributed training stream from epoch `initial_epoch` (after `skip_steps`
-        of its steps) to the end of the run."""
-        data = self.exp.data
-        return iter(self.distribute(
-            data.train_epochs(initial_epoch, self.exp.cfg.trainer.epochs, skip_steps)))
+        of its steps) to the end of the run, for `train_steps`."""
+        data, end = self.exp.data, self.exp.cfg.trainer.epochs
+        if self._gathers_in_step:
+            return iter(data.train_row_epochs(initial_epoch, end, skip_steps))
+        return iter(self.distribute(data.train_epochs(initial_epoch, end, skip_steps)))
+
+    @property
+    def _gathers_in_step(self) -> bool:
+        """Whether each step takes its batch's row numbers from the stream and gathers the
+        rows from memory itself (the same batches; see `distlab.data.stream`): with the
+        train split in memory, under the default strategy, and only where the steps run in
+        `Loop.train_steps` on `Loop.distribute`'s batches (a loop that overrides either is
+        given tf.data's batches, through its own methods)."""
+        cls = type(self)
+        return (cls.train_steps is Loop.train_steps and cls.distribute is Loop.distribute
+                and self.exp.data.rows_in_memory and is_default(self.exp.strategy))
 
     def train_steps(self, iterator, n: int) -> EpochSums:
         """Run the next `n` training steps of `iterator`; their summed batch stats (the
@@ -212,9 +224,12 @@ class Loop:
 
     def _train_n_steps(self, iterator, n):
         totals = tf.zeros([self.num_stats], tf.float64)
+        gather = self._gathers_in_step
         for _ in tf.range(n):
-            totals += self._reduce(self.exp.strategy.run(self._checked_step,
-                                                         args=next(iterator)))
+            batch = next(iterator)
+            if gather:  # (a Python branch: decided while tracing)
+                batch = self.exp.data.gathered(batch)
+            totals += self._reduce(self.exp.strategy.run(self._checked_step, args=batch))
         return totals
 
     def _test_step(self, features, labels, weights):

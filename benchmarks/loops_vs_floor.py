@@ -8,9 +8,9 @@ back, so a variant's ratio to the floor is taken seconds apart. Variants:
 - fit:     experiment=tutorial_keras_mnist_tuned with loop=keras_fit_fast (Keras' compiled
            train function, 50 steps per call)
 - custom:  the same with loop=custom_fast (distlab's step, 50 steps per call)
-- stream:  the floor's step and epoch function fed by the preset's own data stream (distlab's
-           tf.data pipeline, one batch per `next` in the step) instead of in-graph gathers:
-           how much of the gap is the input hand-over, how much the step's extras
+- stream:  the floor's step and epoch function fed by tf.data's batches of the preset's data
+           (`Data.train_epochs` through `Loop.distribute`: one gathered batch handed over per
+           `next`) instead of in-graph gathers: what tf.data's hand-over costs
 
 Each distlab variant is the preset's experiment as `distlab.train` builds it (data stream,
 model, optimizer, schedule, metric sums), driven block by block as the Controller does.
@@ -81,7 +81,8 @@ def stream_epoch(strategy: tf.distribute.Strategy):
     exp = experiment.build(cfg, RunDir(tempfile.mkdtemp(prefix="loops-vs-floor-")), strategy,
                            Worker(), time.time(), time.time())
     loop = LOOPS.get(cfg.loop.name)(exp)
-    iterator, steps = loop.train_iterator(0), exp.data.steps_per_epoch
+    iterator = iter(loop.distribute(exp.data.train_epochs(0, cfg.trainer.epochs)))
+    steps = exp.data.steps_per_epoch
     model, optimizer = make_model(), keras.optimizers.Adam(1e-3)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer.build(model.trainable_variables)

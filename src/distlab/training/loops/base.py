@@ -145,10 +145,12 @@ class Loop:
         """Whether each step takes its batch's row numbers from the stream and gathers the
         rows from memory itself (the same batches; see `distlab.data.stream`): with the
         train split in memory, under the default strategy, and only where the steps run in
-        `Loop.train_steps` on `Loop.distribute`'s batches (a loop that overrides either is
-        given tf.data's batches, through its own methods)."""
+        `Loop.train_steps` on `Loop.train_iterator`'s stream of `Loop.distribute`'s batches
+        (a loop that overrides any of them is given tf.data's batches, through its own
+        methods)."""
         cls = type(self)
         return (cls.train_steps is Loop.train_steps and cls.distribute is Loop.distribute
+                and cls.train_iterator is Loop.train_iterator
                 and self.exp.data.rows_in_memory and is_default(self.exp.strategy))
 
     def train_steps(self, iterator, n: int) -> EpochSums:

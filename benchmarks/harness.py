@@ -408,9 +408,9 @@ def floor_variants(a: argparse.Namespace) -> list[Variant]:
 
 def steady_epoch(rec: Record) -> float | None:
     """A run's steady epoch in seconds: the median over epochs 2 to the last of its training
-    time (the
-    floor's results.json; a distlab run's history.csv, examples / examples_per_sec, which
-    leaves out the epoch end: checkpoint, TensorBoard, the epoch line)."""
+    time (the floor's results.json; a distlab run's history.csv, examples /
+    examples_per_sec, which leaves out the epoch end: checkpoint, TensorBoard, the epoch
+    line)."""
     if not rec.ok:
         return None
     if "floor_epoch_s" in rec.results:

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import tensorflow as tf  # noqa: E402
-from floor import epoch_function, load_train, make_model  # noqa: E402
+from floor import epoch_function, load_train, make_model, step_function  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
@@ -75,28 +75,19 @@ def distlab_epoch(strategy: tf.distribute.Strategy, *overrides: str):
 def stream_epoch(strategy: tf.distribute.Strategy):
     """One epoch of the floor's step (its model, Adam at 1e-3, the loss only) per call, each
     batch taken from the preset's own training stream inside the one `tf.function`."""
-    import keras
-
     cfg = preset()
     exp = experiment.build(cfg, RunDir(tempfile.mkdtemp(prefix="loops-vs-floor-")), strategy,
                            Worker(), time.time(), time.time())
     loop = LOOPS.get(cfg.loop.name)(exp)
     iterator = iter(loop.distribute(exp.data.train_epochs(0, cfg.trainer.epochs)))
-    steps = exp.data.steps_per_epoch
-    model, optimizer = make_model(), keras.optimizers.Adam(1e-3)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    optimizer.build(model.trainable_variables)
+    steps, step = exp.data.steps_per_epoch, step_function(make_model())
 
     @tf.function
     def epoch(iterator):
         total = tf.constant(0.0)
         for _ in tf.range(steps):
             x, y, _weights = next(iterator)
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            total += loss
+            total += step(x, y)
         return total
 
     return lambda _: float(epoch(iterator))

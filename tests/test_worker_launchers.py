@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -241,6 +242,21 @@ def test_ray_missing_is_one_line_naming_the_extra(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert lines[-1] == "NO_TF" and len(lines) == 2, out.stderr
     assert "distlab[ray]" in lines[0] and lines[0].startswith("error: ")
+
+
+def test_worker_ports_lie_below_the_kernels_ephemeral_range():
+    """A worker's port is chosen before its TensorFlow server binds it (seconds later): below
+    the range connect() takes ports from, no outgoing connection can take it meanwhile."""
+    from distlab.distribute.cluster import _ephemeral_start, free_ports
+
+    start = _ephemeral_start()
+    ports = free_ports(8) + free_ports(2, host="")
+    assert len(set(ports[:8])) == 8
+    if start:  # Linux
+        assert start > 10000 and all(10000 <= p < start for p in ports), (start, ports)
+    for port in ports[:8]:  # each one free: it binds
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 from dataclasses import dataclass, field
@@ -128,12 +129,36 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` distinct ports free on 127.0.0.1 now (for local workers' TF_CONFIG)."""
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
+EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"  # Linux: where connect() takes ports
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct ports free on `host` now, for workers that bind them later.
+
+    Below the kernel's ephemeral range where it is known (Linux: 32768-60999 by default),
+    so that no outgoing connection made meanwhile (Ray and gRPC make many) can take a port
+    between this probe and the worker's bind; the port the kernel picks elsewhere.
+    """
+    low, high = 10000, _ephemeral_start() - 1
+    rng, ports, tries = random.Random(), [], 0
+    while len(ports) < n:
+        tries += 1
+        port = rng.randint(low, high) if high > low and tries < 1000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        if port not in ports:
+            ports.append(port)
     return ports
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (0 where it cannot be read)."""
+    try:
+        with open(EPHEMERAL) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0

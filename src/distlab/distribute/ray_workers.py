@@ -29,6 +29,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from distlab.distribute.cluster import free_ports
 from distlab.distribute.local_workers import GRACE_S, source_path, tf_config
 from distlab.errors import DistlabError
 
@@ -60,10 +61,7 @@ class WorkerActor:
         """host:port for this worker: its node's IP and a port free there now."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"{ray.util.get_node_ip_address()}:{port}"
+        return f"{ray.util.get_node_ip_address()}:{free_ports(1, host='')[0]}"
 
     def start(self, command: list[str], config: str, log_path: str, echo: bool,
               cwd: str, pythonpath: str) -> int:

@@ -26,6 +26,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
+from lockstep import take_turn  # noqa: E402
 
 BATCH = 64
 
@@ -90,10 +91,12 @@ def main() -> None:
     images, labels = load_train()
     epoch = epoch_function(make_model(), images, labels)
     seconds = []
+    take_turn()  # (`harness.py floor --lockstep`: one epoch per turn; else nothing)
     for e in range(args.epochs):
         start = time.perf_counter()
         loss = float(epoch(tf.constant(e, tf.int64)))
         seconds.append(time.perf_counter() - start)
+        take_turn()
         print(f"epoch {e + 1}/{args.epochs}: {seconds[-1]:.3f} s, mean loss {loss:.4f}",
               flush=True)
     steady = statistics.median(seconds[1:]) if len(seconds) > 1 else seconds[0]

@@ -14,6 +14,7 @@ gives medians over rounds.
     python benchmarks/harness.py fast --pairs 3                  # tutorial script vs mnist_fast
     python benchmarks/harness.py fast --workload custom_fashion # custom-loop script vs fashion_fast
     python benchmarks/harness.py floor --pairs 3                 # tuned steady epoch / floor
+    python benchmarks/harness.py floor --lockstep --pairs 2 --epochs 12  # epoch by epoch, in turns
     python benchmarks/harness.py reference                       # the two reference tables
     python benchmarks/harness.py scan-steps-per-loop --values 1,10,50,200
     python benchmarks/harness.py scan-steps-per-execution --values 1,10,50 --strategy default
@@ -53,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 NUM_TRAIN = {"mnist": 60000, "fashion_mnist": 60000}
 QUIET = "loop.verbose=2"  # one line per epoch: no progress-bar cost or noise
+# --lockstep: a distlab run takes its turns (benchmarks/lockstep.py on PYTHONPATH)
+TURN_CALLBACK = "+callbacks.lockstep._target_=lockstep.turn_callback"
 
 
 @dataclass
@@ -119,7 +122,12 @@ def run_once(variant: Variant, run_dir: Path, repo: Path, env: dict[str, str],
                 break
             time.sleep(0.02)
         wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    return collect(variant, run_dir, os.waitstatus_to_exitcode(status), wall, usage, round_)
+
+
+def collect(variant: Variant, run_dir: Path, returncode: int, wall: float, usage: Any,
+            round_: int) -> Record:
+    """The Record of a finished run: its exit status, wall time, peak RSS and results."""
     results = {}
     try:
         results = json.loads((run_dir / "results.json").read_text())
@@ -129,7 +137,7 @@ def run_once(variant: Variant, run_dir: Path, repo: Path, env: dict[str, str],
     results["e2e_examples_per_sec"] = epochs * NUM_TRAIN.get(variant.dataset, 0) / wall
     if variant.kind == "distlab":
         results["end_gap_s"] = end_gap(run_dir / "run.log")
-    return Record(variant.name, round_, proc.returncode, wall, usage.ru_maxrss / 1024, results,
+    return Record(variant.name, round_, returncode, wall, usage.ru_maxrss / 1024, results,
                   str(run_dir))
 
 
@@ -406,45 +414,93 @@ def floor_variants(a: argparse.Namespace) -> list[Variant]:
             *tuned_and_candidates(tuned, a.candidate)]
 
 
-def steady_epoch(rec: Record) -> float | None:
-    """A run's steady epoch in seconds: the median over epochs 2 to the last of its training
-    time (the floor's results.json; a distlab run's history.csv, examples /
-    examples_per_sec, which leaves out the epoch end: checkpoint, TensorBoard, the epoch
-    line)."""
+def epoch_seconds(rec: Record) -> list[float]:
+    """A run's training seconds per epoch: the floor's results.json; a distlab run's
+    history.csv, examples / examples_per_sec, which leaves out the epoch end (checkpoint,
+    TensorBoard, the epoch line)."""
     if not rec.ok:
-        return None
-    if "floor_epoch_s" in rec.results:
-        return rec.results["floor_epoch_s"]
+        return []
+    if "epoch_seconds" in rec.results:
+        return list(rec.results["epoch_seconds"])
     try:
         rows = (Path(rec.run_dir) / "history.csv").read_text().splitlines()
     except OSError:
-        return None
+        return []
     header = rows[0].split(",")
-    eps = [float(r.split(",")[header.index("examples_per_sec")]) for r in rows[1:]]
-    steady = [NUM_TRAIN["mnist"] / x for x in eps[1:]]
+    return [NUM_TRAIN["mnist"] / float(r.split(",")[header.index("examples_per_sec")])
+            for r in rows[1:]]
+
+
+def steady_epoch(rec: Record) -> float | None:
+    """A run's steady epoch in seconds: the median of `epoch_seconds` over epochs 2 to the
+    last."""
+    steady = epoch_seconds(rec)[1:]
     return statistics.median(steady) if steady else None
 
 
 def floor_report(records: list[Record], out: Path) -> None:
-    """Per round: the floor's and the tuned preset's steady epoch and their ratio."""
-    lines = ["| round | variant | floor epoch (s) | its epoch (s) | its / floor |",
-             "|---|---|---|---|---|"]
+    """Per round: the floor's and each variant's steady epoch, their ratio, and the median of
+    the epoch-by-epoch ratios (epochs 2 to the last; with --lockstep, epochs that ran one
+    right after the other)."""
+    lines = ["| round | variant | floor epoch (s) | its epoch (s) | its / floor | median of "
+             "its / floor epoch by epoch |", "|---|---|---|---|---|---|"]
     ratios: dict[str, list[float]] = {}
+    paired: dict[str, list[float]] = {}
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for r in sorted({rec.round for rec in records}):
-        mine = {x.variant: steady_epoch(x) for x in records if x.round == r}
-        floor = mine.pop("floor", None)
-        for name, epoch in mine.items():
+        mine = {x.variant: x for x in records if x.round == r}
+        floor_rec = mine.pop("floor", None)
+        floor = steady_epoch(floor_rec) if floor_rec else None
+        floor_epochs = epoch_seconds(floor_rec)[1:] if floor_rec else []
+        for name, rec in mine.items():
+            epoch = steady_epoch(rec)
             ratio = epoch / floor if floor and epoch else None
             if ratio:
                 ratios.setdefault(name, []).append(ratio)
-            lines.append(f"| {r} | {name} | {fmt(floor)} | {fmt(epoch)} | {fmt(ratio)} |")
+            pairs = [a / b for a, b in zip(epoch_seconds(rec)[1:], floor_epochs, strict=False)]
+            by_epoch = statistics.median(pairs) if pairs else None
+            if by_epoch:
+                paired.setdefault(name, []).extend(pairs)
+            lines.append(f"| {r} | {name} | {fmt(floor)} | {fmt(epoch)} | {fmt(ratio)} | "
+                         f"{fmt(by_epoch)} |")
     lines.append("")
-    lines += [f"median {name} / floor: {statistics.median(v):.3f}" for name, v in ratios.items()]
+    lines += [f"median {name} / floor: {statistics.median(v):.3f} (rounds); epoch by epoch, "
+              f"all rounds: median {statistics.median(paired[name]):.3f} of {len(paired[name])}"
+              for name, v in ratios.items() if paired.get(name)]
     text = "### Steady epoch: tuned preset against the compute floor\n\n" + "\n".join(lines) + "\n"
     print("\n" + text, flush=True)
     with (out / "floor.md").open("a") as f:
         f.write("\n" + text)
+
+
+def in_lockstep(variants: list[Variant], runs: int, epochs: int, out: Path, repo: Path,
+                env: dict[str, str], timeout: float, tag: str) -> list[Record]:
+    """`runs` lockstep runs (benchmarks/lockstep.py): each starts every variant at once, then
+    lets one run one epoch at a time, epoch e starting at variant e (run r at variant r)."""
+    import lockstep
+
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(BENCH), *filter(None, [
+        env.get("PYTHONPATH")])])}
+    records: list[Record] = []
+    for r in range(1, runs + 1):
+        shift = (r - 1) % len(variants)
+        order = variants[shift:] + variants[:shift]
+        children, dirs = [], []
+        for v in order:
+            run_dir = out / tag / f"r{r}_{_slug(v.name)}"
+            timed = (dataclasses.replace(v, args=[*v.args, TURN_CALLBACK])
+                     if v.kind == "distlab" else v)
+            children.append(lockstep.Child(v.name, timed.argv(run_dir, repo),
+                                           str(v.repo or repo), run_dir.with_name(
+                                               run_dir.name + ".log")))
+            dirs.append(run_dir)
+        lockstep.referee(children, epochs, env, timeout,
+                         log=lambda line, r=r: print(f"[{tag}] run {r} {line}", flush=True))
+        for v, child, run_dir in zip(order, children, dirs, strict=True):
+            rec = collect(v, run_dir, child.status, child.wall, child.usage, r)
+            records.append(rec)
+            print(f"[{tag}] run {r} {v.name}: {_describe(rec)}", flush=True)
+    return records
 
 
 def reference_variants(a: argparse.Namespace) -> list[Variant]:
@@ -599,6 +655,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--epochs", type=int, default=6)
     s.add_argument("--candidate", action="append", default=[],
                    help="also the tuned preset with these overrides (space-separated)")
+    s.add_argument("--lockstep", action="store_true",
+                   help="each round starts every variant at once and runs one epoch at a "
+                        "time, in turns (benchmarks/lockstep.py)")
     s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
 
     s = sub.add_parser("reference", help="the two reference presets, full length")
@@ -711,7 +770,11 @@ def main(argv: list[str] | None = None) -> None:
                  "(each on experiment=tutorial_keras_mnist)")
     if a.warm_up:
         warm_up(variants, out, repo, env, a.timeout, a.command)
-    records = alternate(variants, rounds, out, repo, env, a.timeout, a.command, a.rotate)
+    if getattr(a, "lockstep", False):
+        title += ", in lockstep (one epoch per turn)"
+        records = in_lockstep(variants, rounds, a.epochs, out, repo, env, a.timeout, a.command)
+    else:
+        records = alternate(variants, rounds, out, repo, env, a.timeout, a.command, a.rotate)
     report(a.command, title, records, variants, out, meta)
     if a.command == "floor":
         floor_report(records, out)

@@ -1,0 +1,175 @@
+"""Whole processes that take turns epoch by epoch: `python benchmarks/harness.py floor
+--lockstep`.
+
+Two runs timed one after the other on a VM whose speed drifts by itself (the floor's epoch
+moved 2.5-3.8 s between runs of the same command, docs/BENCHMARKS.md section 27) differ by
+more than the few percent sought between them. Here every process starts at once, loads
+what it needs, then waits for its turn; the referee (`referee`, in the harness's process)
+lets one process run one epoch at a time, the processes in a rotated order each epoch
+(epoch 1: A B, epoch 2: B A, ...), so that epoch k of every process runs within seconds of
+the others' epoch k, one at a time. A waiting process computes nothing (it blocks in a
+`read`); work that a run leaves running in the background after an epoch (tf.data's
+prefetch) overlaps the next process's epoch, as it would overlap the run's own next epoch.
+
+The child's side: `take_turn()` (the floor script, before its first epoch and after each),
+or the Keras callback `turn_callback()` (a distlab run: `+callbacks.lockstep._target_=
+lockstep.turn_callback` with this folder on PYTHONPATH), which takes its turn when training
+begins and after each epoch's end (after its history row, so outside the epoch's timing).
+Both do nothing unless the referee set LOCKSTEP_FDS.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV = "LOCKSTEP_FDS"  # "<read fd>,<write fd>": the child's ends of its two pipes
+
+
+def take_turn() -> None:
+    """Say this process is ready and wait until the referee lets it run (once it has gone,
+    run freely). Without LOCKSTEP_FDS: nothing."""
+    fds = os.environ.get(ENV)
+    if not fds:
+        return
+    read_fd, write_fd = (int(x) for x in fds.split(","))
+    try:
+        os.write(write_fd, b".")
+    except OSError:  # the referee has gone
+        os.environ.pop(ENV)
+        return
+    if not os.read(read_fd, 1):  # end of file: the referee has gone
+        os.environ.pop(ENV)
+
+
+def turn_callback() -> Any:
+    """A Keras callback that takes a turn when training begins and after each epoch ends."""
+    import keras
+
+    class Turn(keras.callbacks.Callback):
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            take_turn()
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            take_turn()
+
+    return Turn()
+
+
+@dataclass
+class Child:
+    """One process of a lockstep run, seen from the referee."""
+
+    name: str
+    argv: list[str]
+    cwd: str
+    log: Path
+    proc: subprocess.Popen | None = None
+    to_child: int = -1
+    from_child: int = -1
+    turns: list[float] = field(default_factory=list)  # seconds of each turn granted
+    ended: bool = False
+    started: float = 0.0
+    usage: Any = None
+    status: int | None = None
+
+    def start(self, env: dict[str, str]) -> None:
+        child_read, self.to_child = os.pipe()
+        self.from_child, child_write = os.pipe()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("w") as out:
+            out.write(" ".join(self.argv) + "\n")
+            out.flush()
+            self.started = time.perf_counter()
+            self.proc = subprocess.Popen(
+                self.argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
+                env={**env, ENV: f"{child_read},{child_write}"},
+                pass_fds=(child_read, child_write))
+        os.close(child_read)
+        os.close(child_write)
+
+    def wait_ready(self, deadline: float) -> bool:
+        """Until the child says it is ready (True), or has ended or the deadline passed."""
+        while not self.ended:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                self.kill()
+                return False
+            ready, _, _ = select.select([self.from_child], [], [], min(left, 1.0))
+            if ready:
+                if os.read(self.from_child, 1):
+                    return True
+                self.ended = True  # end of file: it exited (or closed the pipe)
+        return False
+
+    def grant(self) -> None:
+        try:
+            os.write(self.to_child, b"g")
+        except OSError:
+            self.ended = True
+
+    def release(self) -> None:
+        """No more turns: close its pipes (its next `take_turn` runs on freely)."""
+        for fd in (self.to_child, self.from_child):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.to_child = self.from_child = -1
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        self.ended = True
+
+    def reap(self, deadline: float) -> None:
+        """Wait for its exit (killed at the deadline): status, wall time, rusage."""
+        assert self.proc is not None
+        while True:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                self.proc.kill()
+                pid, status, usage = os.wait4(self.proc.pid, 0)
+                break
+            time.sleep(0.02)
+        self.status, self.usage = os.waitstatus_to_exitcode(status), usage
+        self.proc.returncode = self.status
+        self.wall = time.perf_counter() - self.started
+
+
+def referee(children: list[Child], epochs: int, env: dict[str, str], timeout: float,
+            log: Any = print) -> None:
+    """Start every child, then grant `epochs` turns to each, one at a time, epoch e's turns in
+    the order rotated by e (the children's own figures time their epochs; each turn's seconds,
+    which include a distlab run's epoch end, go to `Child.turns`); then release all and reap
+    them."""
+    deadline = time.perf_counter() + timeout
+    for child in children:
+        child.start(env)
+    try:
+        for child in children:
+            child.wait_ready(deadline)
+        for e in range(epochs):
+            shift = e % len(children)
+            for child in children[shift:] + children[:shift]:
+                if child.ended:
+                    continue
+                start = time.perf_counter()
+                child.grant()
+                if child.wait_ready(deadline):
+                    child.turns.append(time.perf_counter() - start)
+            log(f"epoch {e + 1}: " + ", ".join(
+                f"{c.name} {c.turns[e]:.2f} s" if len(c.turns) > e else f"{c.name} -"
+                for c in children))
+    finally:
+        for child in children:
+            child.release()
+        for child in children:
+            child.reap(deadline)

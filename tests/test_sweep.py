@@ -302,14 +302,15 @@ def test_jobs_of_a_killed_joblib_sweep_stop_with_a_checkpoint_and_resume(tiny_da
     """kill -9 of a joblib sweep's own process, both jobs mid-epoch (held at a gate): its
     two job processes (joblib's workers) stop at the next step with a checkpoint and
     results.json `interrupted`, releasing their run dirs, so that the rerun of the sweep
-    resumes both (they trained on before, unseen, and the rerun was refused as in use)."""
+    resumes both (they trained on before, unseen, and the rerun was refused as in use),
+    each with its own replica count (`strategy.cpu_devices=1,2`), as after a Ctrl-C."""
     import os
     import signal
 
-    from test_sweep_signals import PATHS, Sweep, _args
+    from test_sweep_signals import PATHS, Sweep, _args, assert_rerun_resumed_every_job
 
     sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
-    args = _args(tiny_data_dir, sweep_dir, "joblib", store)
+    args = _args(tiny_data_dir, sweep_dir, "joblib", store, "strategy.cpu_devices=1,2")
     jobs = [sweep_dir / "0", sweep_dir / "1"]
     with Sweep(args, tmp_path / "gate") as sweep:
         pids = sweep.jobs_at_gate()
@@ -323,11 +324,7 @@ def test_jobs_of_a_killed_joblib_sweep_stop_with_a_checkpoint_and_resume(tiny_da
             "interrupted", 0, 3), cut
         assert (job / "checkpoints" / "checkpoint").exists()
     out = run_cli(*args, timeout=300, env=PATHS)  # ungated
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    for job in jobs:
-        resumed = _results(job)
-        assert (resumed["status"], resumed["epochs_completed"]) == ("completed", 1), resumed
-        assert "resuming from" in (job / "run.log").read_text()
+    assert_rerun_resumed_every_job(sweep_dir, store, out)
 
 
 def test_the_plot_is_a_list_of_panels():

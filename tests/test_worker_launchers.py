@@ -277,6 +277,7 @@ def test_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("ray")  # one worker: one Ray instance (ray_address)
 def test_ray_workers_train_like_one_process(tiny_data_dir, tmp_path, reference, ray_address):
     """keras_fit on 2 Ray actors (the killed-actor test below is the custom loop's)."""
     run_dir = tmp_path / "run"
@@ -289,6 +290,7 @@ def test_ray_workers_train_like_one_process(tiny_data_dir, tmp_path, reference, 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("ray")  # one worker: one Ray instance (ray_address)
 def test_a_killed_ray_actor_ends_the_run_and_the_rerun_resumes(tiny_data_dir, tmp_path,
                                                                reference, ray_address):
     """Worker 1's actor killed mid-epoch 2 (its process dies with it): the chief stops
@@ -315,6 +317,7 @@ def test_a_killed_ray_actor_ends_the_run_and_the_rerun_resumes(tiny_data_dir, tm
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.xdist_group("ray")  # one worker: one Ray instance (ray_address)
 def test_a_sweep_on_the_ray_launcher_with_its_summary(tiny_data_dir, tmp_path, ray_address):
     """hydra/launcher=ray: each job a Ray task (one CPU each), the sweep's summary."""
     sweep = tmp_path / "sweep"

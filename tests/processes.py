@@ -74,6 +74,7 @@ def _child(script: str, args: list[str], cwd: str, env: dict[str, str], out: str
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung test's stacks: kill -USR1
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # chosen again from this environment (TMPDIR), as at start-up
     os.chdir(cwd)
     sys.argv = [script, *args]
     sys.path[0] = str(Path(script).resolve().parent)

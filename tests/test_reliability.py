@@ -68,12 +68,15 @@ def test_sigkill_then_rerun_resumes_exactly(loop, option, tiny_data_dir, tmp_pat
     calls.unlink(missing_ok=True)
 
     run_dir = c  # killed at step 5 of epoch 2 (the rerun retrains epoch 2)
+    scratch = tmp_path / "tmp"  # the killed process's TMPDIR
+    scratch.mkdir()
     with Gated([*fast_overrides(tiny_data_dir), *_training(loop, *extra), *callback],
-               run_dir, "step:1:5", tmp_path / "gate") as killed:
+               run_dir, "step:1:5", tmp_path / "gate", env={"TMPDIR": str(scratch)}) as killed:
         killed.wait()
         killed.signal(signal.SIGKILL)
         assert killed.finish()[0] == -signal.SIGKILL
     assert _rows(run_dir) == 1
+    assert not list(scratch.glob("distlab-*")), list(scratch.iterdir())  # nothing left behind
     caplog.set_level(logging.INFO, logger="distlab")
     resumed = run_inprocess(*_training(loop, *extra), *callback, out=run_dir)
     if callback:

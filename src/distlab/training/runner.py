@@ -7,6 +7,7 @@ config and taking the run directory.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import tempfile
@@ -261,7 +262,10 @@ def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoi
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
     stop.begin(TRAINING, polled=True)
-    with tempfile.TemporaryDirectory(prefix="distlab-preemption-") as scratch:
+    # (a scratch dir only across workers: one that a kill -9 leaves behind is not made at all)
+    scratch_dir = (tempfile.TemporaryDirectory(prefix="distlab-preemption-")
+                   if exp.worker.multi_worker else contextlib.nullcontext())
+    with scratch_dir as scratch:
         if exp.worker.multi_worker:
             controller.preemption = multi_worker.preemption_handler(
                 exp, Path(scratch), save=controller.save_here, stop=controller.preempted)

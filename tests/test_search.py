@@ -220,22 +220,25 @@ def test_a_search_killed_in_its_third_trial_resumes(tiny_data_dir, tmp_path):
     checkpoint (each epoch trained once), trial 3 new."""
     from conftest import processes
 
-    sweep = tmp_path / "search"
+    sweep, gate = tmp_path / "search", tmp_path / "gate"
+    gate.mkdir()
     args = [*fast_overrides(tiny_data_dir), "trainer.epochs=2", "trainer.steps_per_epoch=3",
             "model=mlp", "model.hidden_units=[8]", "hparams_search=optuna",
             "hydra.sweeper.n_trials=4", "hydra.sweeper.pruner=none", f"hydra.sweep.dir={sweep}"]
-    proc = processes.Process(ROOT / "tests" / "gate.py", *args,
-                             env={"DISTLAB_TEST_STEP_SLEEP": "0.3"})
+    # the trials run in the sweep's process: the 3rd step:1:1 is trial 2's, in its epoch 2
+    proc = processes.Process(ROOT / "tests" / "gate.py", *args, env={
+        "DISTLAB_TEST_GATE": "step:1:1", "DISTLAB_TEST_GATE_NTH": "3",
+        "DISTLAB_TEST_GATE_DIR": str(gate)})
     try:
-        marker = sweep / "2" / "checkpoints" / "checkpoint"  # trial 2 finished its epoch 1
         deadline = time.monotonic() + 540
-        while not marker.exists():
+        while not (gate / "reached").exists():
             assert proc.poll() is None, proc.output_so_far()[-3000:]
             assert time.monotonic() < deadline, proc.output_so_far()[-3000:]
             time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait(60)
+    assert (sweep / "2" / "checkpoints" / "checkpoint").exists()  # trial 2's epoch 1, saved
     assert not (sweep / "2" / "results.json").exists() or \
         _results(sweep / "2")["status"] != "completed"
     params = OmegaConf.load(sweep / "2" / ".hydra" / "overrides.yaml")

@@ -1,6 +1,7 @@
 """A user's Loop implements its steps only; the Controller gives it everything else, and an
 item it adds to the checkpoint is saved and resumed (and broadcast to every worker:
-test_multiworker.py's restart after a dead worker runs the same `counting` loop)."""
+test_worker_launchers.py's rerun after a killed worker runs the same `counting`
+loop)."""
 
 from __future__ import annotations
 

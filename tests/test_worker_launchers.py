@@ -32,12 +32,13 @@ def reference(run_once):
     return lambda loop: run_once(*RUN, f"loop={loop}", "strategy.cpu_devices=2")[0]["test_loss"]
 
 
-def _launch(run_dir: Path, *args: str, gate: Path | None = None, where: str = "step:1:10"
-            ) -> processes.Process:
-    """`python run.py strategy=multi_worker_mirrored strategy.workers=2 ARGS` into `run_dir`;
-    with `gate`, every worker holds at `where` (tests/gate.py) until the test releases it."""
+def _launch(run_dir: Path, *args: str, gate: Path | None = None, where: str = "step:1:10",
+            env: dict[str, str] | None = None) -> processes.Process:
+    """`python run.py strategy=multi_worker_mirrored strategy.workers=2 ARGS` into `run_dir`
+    (with `env` added to the environment); with `gate`, every worker holds at `where`
+    (tests/gate.py) until the test releases it."""
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]),
-           "DISTLAB_TEST_GATE": None, "DISTLAB_TEST_GATE_DIR": None}
+           "DISTLAB_TEST_GATE": None, "DISTLAB_TEST_GATE_DIR": None, **(env or {})}
     if gate is not None:
         gate.mkdir(parents=True, exist_ok=True)
         env.update(DISTLAB_TEST_GATE=where, DISTLAB_TEST_GATE_DIR=str(gate))
@@ -152,10 +153,17 @@ def test_a_killed_worker_ends_the_launch_and_the_rerun_resumes(tiny_data_dir, tm
     """Worker 1 killed mid-epoch 2: the chief ends within seconds (status 3, one line each
     from the chief and the launcher), the epoch-1 checkpoint intact; the same command then
     resumes and ends where one process with 2 replicas does, as a launch that was never
-    interrupted (the chief's output on the terminal, each worker's log in the run dir)."""
-    run_dir, gate = tmp_path / "run", tmp_path / "gate"
-    args = (*fast_overrides(tiny_data_dir), *RUN, "loop=custom", *GATED)
-    launcher = _launch(run_dir, *args, gate=gate)
+    interrupted (the chief's output on the terminal, each worker's log in the run dir).
+
+    The loop is a user's that trains as loop=custom and adds an item of its own to the
+    checkpoint (tests/user_loops.py: `counting`, the examples it trained on). Worker 1's
+    run dir has no checkpoint: the chief restores and broadcasts every item, the loop's
+    included, so both workers count on from the checkpoint's value."""
+    run_dir, gate, seen = tmp_path / "run", tmp_path / "gate", tmp_path / "seen"
+    seen.mkdir()
+    args = (*fast_overrides(tiny_data_dir), *RUN, "loop=custom", "imports=[gate,user_loops]",
+            "loop.name=counting")
+    launcher = _launch(run_dir, *args, gate=gate, env={"USER_LOOP_OUT": str(seen)})
     _, worker1 = _held(launcher, gate)
     os.kill(worker1, signal.SIGKILL)
     (gate / "released").write_text("")
@@ -165,13 +173,21 @@ def test_a_killed_worker_ends_the_launch_and_the_rerun_resumes(tiny_data_dir, tm
     assert len([ln for ln in out.splitlines() if "lost worker" in ln]) == 1, out[-3000:]
     [line] = [ln for ln in out.splitlines() if "worker 1 (127.0.0.1:" in ln]
     assert "SIGKILL" in line and "Rerun the same command" in line
-    assert _results(run_dir)["status"] == "failed"
+    failed = _results(run_dir)
+    assert failed["status"] == "failed"
+    assert "lost worker 127.0.0.1:" in failed["error"]
+    assert "rerun all workers to resume" in failed["error"]
     assert "ckpt-20" in (run_dir / "checkpoints" / "checkpoint").read_text()
 
-    rerun = _launch(run_dir, *args)
+    rerun = _launch(run_dir, *args, env={"USER_LOOP_OUT": str(seen)})
     out = _finish(rerun)
     assert rerun.returncode == 0, out[-3000:]
     _assert_trained_like_one_process(run_dir, "custom", reference, echoed=out)
+    history = [int(r.split(",")[0]) for r in
+               (run_dir / "history.csv").read_text().splitlines()[1:]]
+    assert history == [1, 2]
+    counted = [float((seen / f"seen-{i}").read_text()) for i in range(2)]
+    assert counted == [2 * 20 * 128] * 2, counted  # 2 epochs of 20 batches of 2 x 64
 
 
 @pytest.mark.slow

@@ -122,22 +122,27 @@ class Process:
     removes the variable). `fresh`: a new interpreter, for a test whose subject is what
     happens at import (a `sitecustomize`, an environment variable TensorFlow reads once).
     `new_session`: as Popen's start_new_session (a terminal's Ctrl-C is then
-    `os.killpg(pid, SIGINT)`: the process and every process it started)."""
+    `os.killpg(pid, SIGINT)`: the process and every process it started). `terminal`: its
+    stdout and stderr on a pseudo-terminal (as in a user's shell), whose output is read
+    back as the process's."""
 
     def __init__(self, script: str | Path, *args: str, cwd: Path = ROOT,
                  env: dict[str, str | None] | None = None, merge_stderr: bool = True,
-                 fresh: bool = FRESH, new_session: bool = False):
+                 fresh: bool = FRESH, new_session: bool = False, terminal: bool = False):
         self.args = [sys.executable, str(script), *args]
         self._folder = tempfile.TemporaryDirectory(prefix="distlab-test-proc-")
         self._out = Path(self._folder.name) / "stdout"
-        self._err = None if merge_stderr else Path(self._folder.name) / "stderr"
+        self._err = None if merge_stderr or terminal else Path(self._folder.name) / "stderr"
         for path in (self._out, self._err):
             if path is not None:
                 path.write_bytes(b"")
+        self._terminal = _Terminal(self._out) if terminal else None
+        target = self._terminal.path if self._terminal is not None else None  # both streams
         env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
         self.returncode: int | None = None
         if fresh:
-            with open(self._out, "ab") as out, open(self._err or self._out, "ab") as err:
+            with (open(target if terminal else self._out, "ab") as out,
+                  open(target if terminal else self._err or self._out, "ab") as err):
                 self._popen = subprocess.Popen(self.args, cwd=cwd, env=env, stdout=out,
                                                stderr=err, stdin=subprocess.DEVNULL,
                                                start_new_session=new_session)
@@ -145,7 +150,8 @@ class Process:
             return
         self._popen = None
         self._process = _forkserver().Process(
-            target=_child, args=(str(script), list(args), str(cwd), env, str(self._out),
+            target=_child, args=(str(script), list(args), str(cwd), env,
+                                 target if terminal else str(self._out),
                                  None if self._err is None else str(self._err), new_session))
         self._process.start()
         self.pid = self._process.pid
@@ -159,10 +165,12 @@ class Process:
     def wait(self, timeout: float | None = None) -> int:
         if self._popen is not None:
             self.returncode = self._popen.wait(timeout)
-            return self.returncode
-        self._process.join(timeout)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
+        else:
+            self._process.join(timeout)
+            if self.poll() is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        if self._terminal is not None:
+            self._terminal.close()
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
@@ -188,6 +196,38 @@ class Process:
     def __del__(self) -> None:
         if hasattr(self, "pid") and self.returncode is None and self.poll() is None:
             self.kill()
+
+
+class _Terminal:
+    """A pseudo-terminal whose output a thread copies to the file `out`; `path` is what the
+    child opens (this process holds its end open until `close`, after the child's end)."""
+
+    def __init__(self, out: Path) -> None:
+        import pty
+        import threading
+
+        self._master, self._slave = pty.openpty()
+        self.path = os.ttyname(self._slave)
+        self._reader = threading.Thread(target=self._copy, args=(out,), daemon=True)
+        self._reader.start()
+
+    def _copy(self, out: Path) -> None:
+        with open(out, "ab", buffering=0) as f:
+            while True:
+                try:
+                    data = os.read(self._master, 65536)
+                except OSError:  # no writer is left: every end of the terminal closed
+                    return
+                if not data:
+                    return
+                f.write(data)
+
+    def close(self) -> None:
+        if self._slave is not None:
+            os.close(self._slave)
+            self._slave = None
+            self._reader.join(timeout=10)
+            os.close(self._master)
 
 
 def run(script: str | Path, *args: str, timeout: float, cwd: Path = ROOT,

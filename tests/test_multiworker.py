@@ -11,9 +11,7 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import processes
@@ -27,11 +25,13 @@ TIMEOUT = 240  # seconds before a worker process is killed
 
 
 def _start(index: int, workers: list[str], *args: str, env: dict | None = None,
-           entry: str = "run.py") -> processes.Process:
-    """Worker `index`: `python ENTRY` (run.py, or tests/gate.py to hold it at a gate)."""
+           entry: str = "run.py", terminal: bool = False) -> processes.Process:
+    """Worker `index`: `python ENTRY` (run.py, or tests/gate.py to hold it at a gate), its
+    output on a pseudo-terminal when `terminal`."""
     tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
     return processes.Process(entry, "strategy=multi_worker_mirrored", *args,
-                             env={"TF_CONFIG": json.dumps(tf_config), **(env or {})})
+                             env={"TF_CONFIG": json.dumps(tf_config), **(env or {})},
+                             terminal=terminal)
 
 
 def _finish(proc: processes.Process, timeout: float = TIMEOUT) -> str:
@@ -299,52 +299,10 @@ def test_workers_started_with_other_configs_all_stop_before_the_first_step(tiny_
     assert _rows(tmp_path / "W0") == 0
 
 
-def _start_on_terminal(index: int, workers: list[str], *args: str
-                       ) -> tuple[subprocess.Popen, Callable[[], str]]:
-    """_start with stdout and stderr on a pseudo-terminal (as a user's shell); returns the
-    process and a function that waits for its end (hard kill on expiry) and gives its text."""
-    import pty
-    import threading
-
-    master, slave = pty.openpty()
-    tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-    proc = subprocess.Popen([sys.executable, "run.py", "strategy=multi_worker_mirrored", *args],
-                            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-                            env={**os.environ, "TF_CONFIG": json.dumps(tf_config)})
-    os.close(slave)
-    chunks: list[bytes] = []
-
-    def read() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # the terminal closed with the process
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-
-    def finish() -> str:
-        try:
-            proc.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            chunks.append(b"\n<killed: timeout>")
-        reader.join(timeout=10)
-        os.close(master)
-        return b"".join(chunks).decode(errors="replace")
-
-    return proc, finish
-
-
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective_and_one_run_dir_is_the_chiefs(
         loop, tiny_data_dir, tmp_path, monkeypatch):
-    """The chief draws a progress bar on a terminal (loop.verbose=1) and runs a chief-only
+    """The chief draws a progress bar on a terminal (loop.verbose=auto) and runs a chief-only
     callback that reads every batch's logs; worker 1 does neither. Both train to the end.
     Both workers get the same hydra.run.dir (the README's commands on one machine): worker
     1's .hydra/ and run.log go to <dir>-worker1; the chief's run.log has each epoch line
@@ -353,12 +311,12 @@ def test_the_chiefs_progress_bar_and_batch_callback_add_no_collective_and_one_ru
     workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     boss, run_dir = tmp_path / "chief.jsonl", tmp_path / "mw"
     args = (*fast_overrides(tiny_data_dir), f"loop={loop}", "trainer.epochs=1",
-            "trainer.steps_per_epoch=3", "loop.verbose=1",
+            "trainer.steps_per_epoch=3", "loop.verbose=auto",  # a bar on a terminal
             "+callbacks.boss._target_=callback_recorder.Recorder", f"+callbacks.boss.path={boss}",
             "+callbacks.boss._chief_only_=true", f"hydra.run.dir={run_dir}")
-    chief, chief_output = _start_on_terminal(0, workers, *args)
-    other = _start(1, workers, *args)
-    out0, out1 = chief_output(), _finish(other)
+    chief = _start(0, workers, *args, terminal=True)  # as in a user's shell: the bar
+    other = _start(1, workers, *args)  # redrawn at every block, its figures read each time
+    out0, out1 = _finish(chief), _finish(other)
     assert chief.returncode == 0, out0[-3000:]
     assert other.returncode == 0, out1[-3000:]
     assert "3/3" in out0 and "loss:" in out0, out0[-3000:]  # the bar was drawn

@@ -207,7 +207,9 @@ def alternate(variants: list[Variant], rounds: int, out: Path, repo: Path,
 
 def _describe(rec: Record) -> str:
     if not rec.ok:
-        return f"FAILED (exit {rec.returncode}; see {rec.run_dir}.log)"
+        status = rec.results.get("status")
+        why = "" if status in (None, "completed") else f", {status}"
+        return f"FAILED (exit {rec.returncode}{why}; see {rec.run_dir}.log)"
     fmt = lambda key, spec: "-" if rec.get(key) is None else format(rec.get(key), spec)  # noqa: E731
     return (f"wall {rec.wall_s:.1f} s, peak RSS {rec.peak_rss_mib:.0f} MiB, "
             f"test_accuracy {fmt('test_accuracy', '.4f')}, "
@@ -498,6 +500,10 @@ def in_lockstep(variants: list[Variant], runs: int, epochs: int, out: Path, repo
                          log=lambda line, r=r: print(f"[{tag}] run {r} {line}", flush=True))
         for v, child, run_dir in zip(order, children, dirs, strict=True):
             rec = collect(v, run_dir, child.status, child.wall, child.usage, r)
+            if child.timed_out:
+                rec.results["status"] = f"timed out (--timeout {timeout:g})"
+            elif rec.ok and len(child.turns) < epochs:  # it ran, but not in turns: no figures
+                rec.results["status"] = f"not in lockstep ({len(child.turns)} turns taken)"
             records.append(rec)
             print(f"[{tag}] run {r} {v.name}: {_describe(rec)}", flush=True)
     return records
@@ -771,7 +777,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.warm_up:
         warm_up(variants, out, repo, env, a.timeout, a.command)
     if getattr(a, "lockstep", False):
-        title += ", in lockstep (one epoch per turn)"
+        title += (", in lockstep (one epoch per turn: wall, end-to-end ex/s, first step and "
+                  "end gap include the waits for the others' turns)")
         records = in_lockstep(variants, rounds, a.epochs, out, repo, env, a.timeout, a.command)
     else:
         records = alternate(variants, rounds, out, repo, env, a.timeout, a.command, a.rotate)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import select
+import signal
+import stat
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -31,20 +33,31 @@ from typing import Any
 ENV = "LOCKSTEP_FDS"  # "<read fd>,<write fd>": the child's ends of its two pipes
 
 
+_pipes: list[int] = []  # this process's ends: [read, write], taken from LOCKSTEP_FDS once
+
+
 def take_turn() -> None:
-    """Say this process is ready and wait until the referee lets it run (once it has gone,
-    run freely). Without LOCKSTEP_FDS: nothing."""
-    fds = os.environ.get(ENV)
-    if not fds:
+    """Say this process is ready and wait until the referee lets it run; once the referee
+    has let go (its pipes closed), run freely. Without LOCKSTEP_FDS naming two pipes given
+    to this very process (the variable is taken out of the environment at once, so that a
+    process this one starts does not take turns it was not given): nothing."""
+    fds = os.environ.pop(ENV, None)
+    if fds is not None:
+        try:
+            ends = [int(x) for x in fds.split(",")]
+            if len(ends) == 2 and all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in ends):
+                _pipes[:] = ends
+        except (ValueError, OSError):
+            pass
+    if not _pipes:
         return
-    read_fd, write_fd = (int(x) for x in fds.split(","))
     try:
-        os.write(write_fd, b".")
+        os.write(_pipes[1], b".")
+        if os.read(_pipes[0], 1):  # (end of file: the referee has let go)
+            return
     except OSError:  # the referee has gone
-        os.environ.pop(ENV)
-        return
-    if not os.read(read_fd, 1):  # end of file: the referee has gone
-        os.environ.pop(ENV)
+        pass
+    _pipes.clear()
 
 
 def turn_callback() -> Any:
@@ -74,6 +87,7 @@ class Child:
     from_child: int = -1
     turns: list[float] = field(default_factory=list)  # seconds of each turn granted
     ended: bool = False
+    timed_out: bool = False  # killed at the deadline
     started: float = 0.0
     usage: Any = None
     status: int | None = None
@@ -89,7 +103,7 @@ class Child:
             self.proc = subprocess.Popen(
                 self.argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
                 env={**env, ENV: f"{child_read},{child_write}"},
-                pass_fds=(child_read, child_write))
+                pass_fds=(child_read, child_write), preexec_fn=_die_with_the_referee)
         os.close(child_read)
         os.close(child_write)
 
@@ -99,6 +113,7 @@ class Child:
             left = deadline - time.perf_counter()
             if left <= 0:
                 self.kill()
+                self.timed_out = True
                 return False
             ready, _, _ = select.select([self.from_child], [], [], min(left, 1.0))
             if ready:
@@ -136,6 +151,7 @@ class Child:
                 break
             if time.perf_counter() > deadline:
                 self.proc.kill()
+                self.timed_out = True
                 pid, status, usage = os.wait4(self.proc.pid, 0)
                 break
             time.sleep(0.02)
@@ -144,16 +160,27 @@ class Child:
         self.wall = time.perf_counter() - self.started
 
 
+def _die_with_the_referee() -> None:
+    """A preexec_fn (Linux): the child is killed when the referee's process ends, whatever
+    ends it (a signal to it alone included)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def referee(children: list[Child], epochs: int, env: dict[str, str], timeout: float,
             log: Any = print) -> None:
     """Start every child, then grant `epochs` turns to each, one at a time, epoch e's turns in
     the order rotated by e (the children's own figures time their epochs; each turn's seconds,
     which include a distlab run's epoch end, go to `Child.turns`); then release all and reap
-    them."""
+    them. Interrupted (Ctrl-C), it kills them first."""
     deadline = time.perf_counter() + timeout
-    for child in children:
-        child.start(env)
     try:
+        for child in children:
+            child.start(env)
         for child in children:
             child.wait_ready(deadline)
         for e in range(epochs):
@@ -168,8 +195,13 @@ def referee(children: list[Child], epochs: int, env: dict[str, str], timeout: fl
             log(f"epoch {e + 1}: " + ", ".join(
                 f"{c.name} {c.turns[e]:.2f} s" if len(c.turns) > e else f"{c.name} -"
                 for c in children))
+    except BaseException:
+        for child in children:
+            child.kill()
+        raise
     finally:
         for child in children:
             child.release()
         for child in children:
-            child.reap(deadline)
+            if child.proc is not None:
+                child.reap(deadline)

@@ -263,16 +263,29 @@ def test_ray_missing_is_one_line_naming_the_extra(tmp_path):
 def test_worker_ports_lie_below_the_kernels_ephemeral_range():
     """A worker's port is chosen before its TensorFlow server binds it (seconds later): below
     the range connect() takes ports from, no outgoing connection can take it meanwhile."""
-    from distlab.distribute.cluster import _ephemeral_start, free_ports
+    from distlab.distribute import cluster
 
-    start = _ephemeral_start()
-    ports = free_ports(8) + free_ports(2, host="")
+    start = cluster._ephemeral_start()
+    ports = cluster.free_ports(8) + cluster.free_ports(2, host="")
     assert len(set(ports[:8])) == 8
-    if start:  # Linux
-        assert start > 10000 and all(10000 <= p < start for p in ports), (start, ports)
+    if start > cluster.LOWEST + 100:  # Linux, its default range (32768-60999) or alike
+        assert all(cluster.LOWEST <= p < start for p in ports), (start, ports)
     for port in ports[:8]:  # each one free: it binds
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+    with pytest.raises(OSError):  # an address this machine does not have: no endless draw
+        cluster.free_ports(1, host="192.0.2.1")
+
+
+@pytest.mark.parametrize("text", ["1024 65535", "0 0", "70000 80000", "garbage", ""])
+def test_worker_ports_with_any_ephemeral_range(text, tmp_path, monkeypatch):
+    """Whatever the kernel's range file says (or a missing one): distinct free ports."""
+    from distlab.distribute import cluster
+
+    (tmp_path / "range").write_text(text)
+    monkeypatch.setattr(cluster, "EPHEMERAL", str(tmp_path / "range"))
+    ports = cluster.free_ports(5)
+    assert len(set(ports)) == 5 and all(0 < p < 65536 for p in ports), ports
 
 
 @pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server

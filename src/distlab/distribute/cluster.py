@@ -6,6 +6,7 @@ Only the chief writes the run directory; the other workers write what TensorFlow
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -130,25 +131,29 @@ def expand_tasks_per_node(spec: str) -> list[int]:
 
 
 EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"  # Linux: where connect() takes ports
+LOWEST = 20000  # (Ray's own worker processes listen on 10002-19999 by default)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """`n` distinct ports free on `host` now, for workers that bind them later.
 
-    Below the kernel's ephemeral range where it is known (Linux: 32768-60999 by default),
-    so that no outgoing connection made meanwhile (Ray and gRPC make many) can take a port
-    between this probe and the worker's bind; the port the kernel picks elsewhere.
+    Between 20000 and the kernel's ephemeral range where that is known (Linux: 32768-60999
+    by default), so that no outgoing connection made meanwhile (Ray and gRPC make many) can
+    take a port between this probe and the worker's bind; elsewhere the port the kernel
+    picks. An address that cannot be bound at all raises OSError.
     """
-    low, high = 10000, _ephemeral_start() - 1
+    high = min(_ephemeral_start(), 65536) - 1
     rng, ports, tries = random.Random(), [], 0
     while len(ports) < n:
         tries += 1
-        port = rng.randint(low, high) if high > low and tries < 1000 else 0
+        port = rng.randint(LOWEST, high) if high > LOWEST and tries <= 100 * n else 0
         with socket.socket() as s:
             try:
                 s.bind((host, port))
-            except OSError:
-                continue
+            except OSError as e:
+                if port and e.errno in (errno.EADDRINUSE, errno.EACCES):
+                    continue  # taken (or reserved): draw another
+                raise
             port = s.getsockname()[1]
         if port not in ports:
             ports.append(port)

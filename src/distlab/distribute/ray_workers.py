@@ -132,6 +132,9 @@ def launch(cfg: DictConfig, run_dir: Path, arguments: Callable[[Path, int], list
             runtime_env={"env_vars": forwarded_env()}).remote()
             for i in range(n)]
         cluster = ray.get([a.address.remote() for a in actors], timeout=timeout)
+        while len(set(cluster)) < n:  # two actors of one node drew one port: draw again
+            i = next(i for i, address in enumerate(cluster) if cluster.index(address) != i)
+            cluster[i] = ray.get(actors[i].address.remote(), timeout=timeout)
         logs = worker_logs(run_dir, n)
         command = program()
         ray.get([a.start.remote([*command, *arguments(run_dir, i)], tf_config(cluster, i),

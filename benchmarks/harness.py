@@ -628,7 +628,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", default=None,
                    help="TFDS_DATA_DIR for every run (default: $TFDS_DATA_DIR, else "
                         "../shared/tensorflow_datasets next to the repo)")
-    p.add_argument("--timeout", type=float, default=3600, help="per-run limit, seconds")
+    p.add_argument("--timeout", type=float, default=3600,
+                   help="per-run limit, seconds (--lockstep: per lockstep run of every variant)")
     p.add_argument("--fixed-order", dest="rotate", action="store_false",
                    help="every round runs the variants in the order given (default: round r "
                         "starts at variant r, so each runs in each place)")
@@ -663,7 +664,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also the tuned preset with these overrides (space-separated)")
     s.add_argument("--lockstep", action="store_true",
                    help="each round starts every variant at once and runs one epoch at a "
-                        "time, in turns (benchmarks/lockstep.py)")
+                        "time, in turns, each epoch's order rotated (benchmarks/lockstep.py; "
+                        "--fixed-order does not apply)")
     s.add_argument("extra", nargs="*", help="extra overrides for the tuned run")
 
     s = sub.add_parser("reference", help="the two reference presets, full length")

@@ -2,7 +2,7 @@
 --lockstep`.
 
 Two runs timed one after the other on a VM whose speed drifts by itself (the floor's epoch
-moved 2.5-3.8 s between runs of the same command, docs/BENCHMARKS.md section 27) differ by
+moved 2.5-4.2 s between runs of the same command, docs/BENCHMARKS.md section 27) differ by
 more than the few percent sought between them. Here every process starts at once, loads
 what it needs, then waits for its turn; the referee (`referee`, in the harness's process)
 lets one process run one epoch at a time, the processes in a rotated order each epoch
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV = "LOCKSTEP_FDS"  # "<read fd>,<write fd>": the child's ends of its two pipes
+ENV = "LOCKSTEP_FDS"  # "<read fd>,<write fd>,<referee's pid>": the child's ends of its pipes
 
 
 _pipes: list[int] = []  # this process's ends: [read, write], taken from LOCKSTEP_FDS once
@@ -41,11 +41,14 @@ def take_turn() -> None:
     has let go (its pipes closed), run freely. Without LOCKSTEP_FDS naming two pipes given
     to this very process (the variable is taken out of the environment at once, so that a
     process this one starts does not take turns it was not given): nothing."""
-    fds = os.environ.pop(ENV, None)
-    if fds is not None:
+    given = os.environ.pop(ENV, None)
+    if given is not None:
         try:
-            ends = [int(x) for x in fds.split(",")]
-            if len(ends) == 2 and all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in ends):
+            *ends, referee_pid = (int(x) for x in given.split(","))
+            if (len(ends) == 2 and referee_pid == os.getppid()
+                    and all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in ends)):
+                for fd in ends:  # a process this one starts does not hold them open
+                    os.set_inheritable(fd, False)
                 _pipes[:] = ends
         except (ValueError, OSError):
             pass
@@ -89,6 +92,7 @@ class Child:
     ended: bool = False
     timed_out: bool = False  # killed at the deadline
     started: float = 0.0
+    wall: float = 0.0  # seconds from its start to its exit
     usage: Any = None
     status: int | None = None
 
@@ -102,7 +106,7 @@ class Child:
             self.started = time.perf_counter()
             self.proc = subprocess.Popen(
                 self.argv, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                env={**env, ENV: f"{child_read},{child_write}"},
+                env={**env, ENV: f"{child_read},{child_write},{os.getpid()}"},
                 pass_fds=(child_read, child_write), preexec_fn=_die_with_the_referee)
         os.close(child_read)
         os.close(child_write)
@@ -120,7 +124,18 @@ class Child:
                 if os.read(self.from_child, 1):
                     return True
                 self.ended = True  # end of file: it exited (or closed the pipe)
+            elif self.exited():
+                self.ended = True
         return False
+
+    def exited(self) -> bool:
+        """Whether the child has exited (left to `reap` to collect)."""
+        assert self.proc is not None
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT
+                             ) is not None
+        except ChildProcessError:
+            return True
 
     def grant(self) -> None:
         try:
@@ -138,8 +153,12 @@ class Child:
         self.to_child = self.from_child = -1
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        """SIGKILL (not collected: its pid stays its own until `reap`)."""
+        if self.proc is not None:
+            try:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.ended = True
 
     def reap(self, deadline: float) -> None:
@@ -150,7 +169,7 @@ class Child:
             if pid:
                 break
             if time.perf_counter() > deadline:
-                self.proc.kill()
+                self.kill()
                 self.timed_out = True
                 pid, status, usage = os.wait4(self.proc.pid, 0)
                 break

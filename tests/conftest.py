@@ -63,7 +63,8 @@ def pytest_configure(config):
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     # `-n N` without a --dist of the caller's: xdist's loadgroup, which hands out the tests
-    # one at a time in the order below (none here has an xdist_group), instead of load's
+    # one at a time in the order below (an xdist_group's all to one worker: the Ray tests'
+    # shared instance, the wheel), instead of load's
     # first chunks of ~50 consecutive tests per worker
     if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load":
         given = [*config.invocation_params.args, os.environ.get("PYTEST_ADDOPTS", ""),

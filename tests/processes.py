@@ -61,7 +61,7 @@ def _child(script: str, args: list[str], cwd: str, env: dict[str, str], out: str
         os.setsid()
 
     for fd, path in ((1, out), (2, err or out)):
-        target = os.open(path, os.O_WRONLY | os.O_APPEND)
+        target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
         os.dup2(target, fd)
         os.close(target)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -196,6 +196,8 @@ class Process:
     def __del__(self) -> None:
         if hasattr(self, "pid") and self.returncode is None and self.poll() is None:
             self.kill()
+        if getattr(self, "_terminal", None) is not None:
+            self._terminal.close()
 
 
 class _Terminal:
@@ -212,22 +214,23 @@ class _Terminal:
         self._reader.start()
 
     def _copy(self, out: Path) -> None:
+        """Until no end of the terminal is left open; then it closes the master end itself
+        (so that no other file can be read under its number)."""
         with open(out, "ab", buffering=0) as f:
-            while True:
-                try:
-                    data = os.read(self._master, 65536)
-                except OSError:  # no writer is left: every end of the terminal closed
-                    return
-                if not data:
-                    return
-                f.write(data)
+            try:
+                while data := os.read(self._master, 65536):
+                    f.write(data)
+            except OSError:  # no writer is left: every end of the terminal closed
+                pass
+            finally:
+                os.close(self._master)
 
     def close(self) -> None:
+        """Close this process's end (after the child's): the copy drains and ends."""
         if self._slave is not None:
             os.close(self._slave)
             self._slave = None
             self._reader.join(timeout=10)
-            os.close(self._master)
 
 
 def run(script: str | Path, *args: str, timeout: float, cwd: Path = ROOT,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,7 +176,8 @@ def test_a_killed_worker_ends_the_launch_and_the_rerun_resumes(tiny_data_dir, tm
     assert "SIGKILL" in line and "Rerun the same command" in line
     failed = _results(run_dir)
     assert failed["status"] == "failed"
-    assert "lost worker 127.0.0.1:" in failed["error"]
+    address = re.search(r"worker 1 \((127\.0\.0\.1:\d+)\)", line)[1]
+    assert f"lost worker {address}" in failed["error"], (address, failed["error"])
     assert "rerun all workers to resume" in failed["error"]
     assert "ckpt-20" in (run_dir / "checkpoints" / "checkpoint").read_text()
 
@@ -283,7 +285,7 @@ def test_worker_ports_with_any_ephemeral_range(text, tmp_path, monkeypatch):
     from distlab.distribute import cluster
 
     (tmp_path / "range").write_text(text)
-    monkeypatch.setattr(cluster, "EPHEMERAL", str(tmp_path / "range"))
+    monkeypatch.setattr(cluster, "EPHEMERAL_RANGE_FILE", str(tmp_path / "range"))
     ports = cluster.free_ports(5)
     assert len(set(ports)) == 5 and all(0 < p < 65536 for p in ports), ports
 

@@ -130,8 +130,9 @@ def expand_tasks_per_node(spec: str) -> list[int]:
     return counts
 
 
-EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"  # Linux: where connect() takes ports
-LOWEST = 20000  # (Ray's own worker processes listen on 10002-19999 by default)
+# Linux: the range connect() takes ports from
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST = 20000  # (Ray's worker processes listen on 10002-19999 by default)
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -139,8 +140,9 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
     Between 20000 and the kernel's ephemeral range where that is known (Linux: 32768-60999
     by default), so that no outgoing connection made meanwhile (Ray and gRPC make many) can
-    take a port between this probe and the worker's bind; elsewhere the port the kernel
-    picks. An address that cannot be bound at all raises OSError.
+    take a port between this probe and the worker's bind. Where the range is unknown or
+    starts below 20000, or after 100 draws per port all taken, the port the kernel picks
+    (which may be in the ephemeral range). An address that cannot be bound raises OSError.
     """
     high = min(_ephemeral_start(), 65536) - 1
     rng, ports, tries = random.Random(), [], 0
@@ -163,7 +165,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 def _ephemeral_start() -> int:
     """The first port of the kernel's ephemeral range (0 where it cannot be read)."""
     try:
-        with open(EPHEMERAL) as f:
+        with open(EPHEMERAL_RANGE_FILE) as f:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0

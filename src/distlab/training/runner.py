@@ -263,9 +263,9 @@ def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoi
     # every worker save at one step; on one machine distlab's own flag does it
     stop.begin(TRAINING, polled=True)
     # (a scratch dir only across workers: one that a kill -9 leaves behind is not made at all)
-    scratch_dir = (tempfile.TemporaryDirectory(prefix="distlab-preemption-")
+    scratch_context = (tempfile.TemporaryDirectory(prefix="distlab-preemption-")
                    if exp.worker.multi_worker else contextlib.nullcontext())
-    with scratch_dir as scratch:
+    with scratch_context as scratch:
         if exp.worker.multi_worker:
             controller.preemption = multi_worker.preemption_handler(
                 exp, Path(scratch), save=controller.save_here, stop=controller.preempted)

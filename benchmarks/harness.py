@@ -50,6 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lockstep
+from lockstep import reap
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
 NUM_TRAIN = {"mnist": 60000, "fashion_mnist": 60000}
@@ -111,18 +114,9 @@ def run_once(variant: Variant, run_dir: Path, repo: Path, env: dict[str, str],
         start = time.perf_counter()
         proc = subprocess.Popen(argv, cwd=variant.repo or repo, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-        deadline = start + timeout
-        while True:  # wait4 gives this child's own rusage (peak RSS)
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
+        returncode, usage, _ = reap(proc.pid, start + timeout)
         wall = time.perf_counter() - start
-    return collect(variant, run_dir, os.waitstatus_to_exitcode(status), wall, usage, round_)
+    return collect(variant, run_dir, returncode, wall, usage, round_)
 
 
 def collect(variant: Variant, run_dir: Path, returncode: int, wall: float, usage: Any,
@@ -479,8 +473,6 @@ def in_lockstep(variants: list[Variant], runs: int, epochs: int, out: Path, repo
                 env: dict[str, str], timeout: float, tag: str) -> list[Record]:
     """`runs` lockstep runs (benchmarks/lockstep.py): each starts every variant at once, then
     lets one run one epoch at a time, epoch e starting at variant e (run r at variant r)."""
-    import lockstep
-
     env = {**env, "PYTHONPATH": os.pathsep.join([str(BENCH), *filter(None, [
         env.get("PYTHONPATH")])])}
     records: list[Record] = []

@@ -164,19 +164,31 @@ class Child:
     def reap(self, deadline: float) -> None:
         """Wait for its exit (killed at the deadline): status, wall time, rusage."""
         assert self.proc is not None
-        while True:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                self.kill()
-                self.timed_out = True
-                pid, status, usage = os.wait4(self.proc.pid, 0)
-                break
-            time.sleep(0.02)
-        self.status, self.usage = os.waitstatus_to_exitcode(status), usage
+        self.status, self.usage, timed_out = reap(self.proc.pid, deadline)
+        self.timed_out = self.timed_out or timed_out
         self.proc.returncode = self.status
         self.wall = time.perf_counter() - self.started
+
+
+def reap(pid: int, deadline: float) -> tuple[int, Any, bool]:
+    """Wait for child `pid` to exit, killed (SIGKILL) once `deadline` (`time.perf_counter`)
+    has passed: its exit code, its own rusage (`ru_maxrss`: its peak RSS), and whether the
+    deadline killed it."""
+    timed_out = False
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        if time.perf_counter() > deadline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            timed_out = True
+            _, status, usage = os.wait4(pid, 0)
+            break
+        time.sleep(0.02)
+    return os.waitstatus_to_exitcode(status), usage, timed_out
 
 
 def _die_with_the_referee() -> None:

@@ -262,11 +262,10 @@ def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoi
     # across workers SIGTERM goes to TensorFlow's PreemptionCheckpointHandler, which makes
     # every worker save at one step; on one machine distlab's own flag does it
     stop.begin(TRAINING, polled=True)
-    # (a scratch dir only across workers: one that a kill -9 leaves behind is not made at all)
-    scratch_context = (tempfile.TemporaryDirectory(prefix="distlab-preemption-")
-                   if exp.worker.multi_worker else contextlib.nullcontext())
-    with scratch_context as scratch:
-        if exp.worker.multi_worker:
+    with contextlib.ExitStack() as scratch_dir:
+        if exp.worker.multi_worker:  # (a scratch dir only here: a kill -9 leaves it behind)
+            scratch = scratch_dir.enter_context(
+                tempfile.TemporaryDirectory(prefix="distlab-preemption-"))
             controller.preemption = multi_worker.preemption_handler(
                 exp, Path(scratch), save=controller.save_here, stop=controller.preempted)
         try:

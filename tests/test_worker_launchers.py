@@ -279,6 +279,31 @@ def test_worker_ports_lie_below_the_kernels_ephemeral_range():
         cluster.free_ports(1, host="192.0.2.1")
 
 
+def test_a_non_chief_workers_preemption_files_stay_in_its_own_scratch_dir(tmp_path,
+                                                                          monkeypatch):
+    """TensorFlow's PreemptionCheckpointHandler on a non-chief worker writes, then deletes
+    on stopping, `workertemp_<i>/` beside the directory it is given: inside this run's
+    scratch dir, never in the temp folder every run on the machine shares (two runs that
+    stopped together deleted each other's: "/tmp/workertemp_1 not found")."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+    from tensorflow.python.distribute.failure_handling import failure_handling
+
+    from distlab.distribute import multi_worker
+
+    given = []
+    monkeypatch.setattr(tf.distribute.experimental, "PreemptionCheckpointHandler",
+                        lambda resolver, checkpoint, directory, config: given.append(directory))
+    exp = SimpleNamespace(worker=SimpleNamespace(is_chief=False),
+                          strategy=SimpleNamespace(cluster_resolver=None))
+    scratch = tmp_path / "distlab-preemption-x"
+    multi_worker.preemption_handler(exp, scratch, save=lambda: "", stop=lambda path: None)
+    [directory] = given
+    written = Path(failure_handling._non_chief_checkpoint_dir(directory, 1))
+    assert written.parent.parent == scratch, written  # workertemp_1/, deleted on stopping
+
+
 @pytest.mark.parametrize("text", ["1024 65535", "0 0", "70000 80000", "garbage", ""])
 def test_worker_ports_with_any_ephemeral_range(text, tmp_path, monkeypatch):
     """Whatever the kernel's range file says (or a missing one): distinct free ports."""

@@ -209,7 +209,12 @@ def preemption_handler(exp, scratch: Path, save: Callable[[], str],
     """TensorFlow's PreemptionCheckpointHandler for this run. It coordinates the workers
     (which step to save at); `save()` writes distlab's own checkpoint and `stop(path)`
     ends the run. Its own step counter lives in a throw-away checkpoint in `scratch`, so
-    every worker starts it at 0 (restoring it on the chief only would desynchronise it)."""
+    every worker starts it at 0 (restoring it on the chief only would desynchronise it).
+
+    The handler's directory is `scratch/counter`, not `scratch` itself: a non-chief worker
+    writes to `workertemp_<i>/` beside that directory and deletes all of `workertemp_<i>/`
+    when it stops, which beside `scratch` would be the temp folder's, shared by every
+    multi-worker run on the machine."""
     _quiet_watcher_threads()
     saved: list[str] = []
     where = "" if exp.worker.is_chief else " (on the chief: its run dir's checkpoints/)"
@@ -217,7 +222,7 @@ def preemption_handler(exp, scratch: Path, save: Callable[[], str],
         save_fn=lambda *args, **kwargs: saved.append(save()),
         exit_fn=lambda: stop((saved[-1] if saved else "none") + where))
     return tf.distribute.experimental.PreemptionCheckpointHandler(
-        exp.strategy.cluster_resolver, tf.train.Checkpoint(), str(scratch), config)
+        exp.strategy.cluster_resolver, tf.train.Checkpoint(), str(scratch / "counter"), config)
 
 
 def lost_worker(error: tf.errors.OpError, worker: Worker, latest: str | None) -> LostWorker:

@@ -196,11 +196,12 @@ def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_pa
     the resumed run's rows equal one process's with 2 replicas."""
     from test_resumed_epochs_and_evaluation import _same_rows
 
-    run = ("trainer.epochs=2", "trainer.steps_per_epoch=100", *RUN[2:], "loop=keras_fit")
+    run = ("trainer.epochs=2", "trainer.steps_per_epoch=40", *RUN[2:], "loop=keras_fit")
     _, one = run_once(*run, "strategy.cpu_devices=2")
     args = (*fast_overrides(tiny_data_dir), *run)
-    # worker 1 is held after step 50 of epoch 2 (tests/gate.py) and gets its SIGTERM there
-    procs, _, gate = _held_cluster(tmp_path, "step:1:50", *args)
+    # worker 1 is held after step 10 of epoch 2 (tests/gate.py) and gets its SIGTERM there;
+    # the workers agree on a step a few after it, well before the epoch's 40th
+    procs, _, gate = _held_cluster(tmp_path, "step:1:10", *args)
     procs[1].send_signal(signal.SIGTERM)
     (gate / "released").write_text("")
     outputs = [_finish(p) for p in procs]

@@ -192,31 +192,6 @@ def test_a_killed_worker_ends_the_launch_and_the_rerun_resumes(tiny_data_dir, tm
     assert counted == [2 * 20 * 128] * 2, counted  # 2 epochs of 20 batches of 2 x 64
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_sigterm_to_the_launcher_checkpoints_every_worker(tiny_data_dir, tmp_path, reference):
-    """SIGTERM to the launcher reaches every worker (TensorFlow's coordinated preemption):
-    the chief checkpoints mid-epoch 2 and the command ends 143; the rerun resumes exactly
-    (keras_fit: the killed-worker test above is the custom loop's launch)."""
-    run_dir, gate = tmp_path / "run", tmp_path / "gate"
-    args = (*fast_overrides(tiny_data_dir), *RUN, "loop=keras_fit", *GATED)
-    launcher = _launch(run_dir, *args, gate=gate)
-    _held(launcher, gate)
-    launcher.send_signal(signal.SIGTERM)
-    (gate / "released").write_text("")
-    out = _finish(launcher)
-    assert launcher.returncode == 128 + signal.SIGTERM, out[-3000:]
-    interrupted = _results(run_dir)
-    assert interrupted["status"] == "interrupted", interrupted
-    for i in range(2):
-        assert "preemption signal" in (run_dir / "workers" / f"worker{i}.log").read_text()
-
-    rerun = _launch(run_dir, *args)
-    out = _finish(rerun)
-    assert rerun.returncode == 0, out[-3000:]
-    _assert_trained_like_one_process(run_dir, "keras_fit", reference, echoed=out)
-
-
 # ---- strategy.launcher=ray, and sweeps on hydra/launcher=ray, on one local Ray instance
 
 
@@ -334,13 +309,32 @@ def test_a_ray_address_where_nothing_answers_is_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.xdist_group("ray")  # one worker: one Ray instance (ray_address)
-def test_ray_workers_train_like_one_process(tiny_data_dir, tmp_path, reference, ray_address):
-    """keras_fit on 2 Ray actors (the killed-actor test below is the custom loop's)."""
-    run_dir = tmp_path / "run"
-    launcher = _launch(run_dir, *fast_overrides(tiny_data_dir), *RUN, "loop=keras_fit",
-                       *_on_ray(ray_address))
+def test_sigterm_to_the_launcher_checkpoints_every_worker_and_ray_actors_resume(
+        tiny_data_dir, tmp_path, reference, ray_address):
+    """SIGTERM to the launcher of local workers reaches every worker (TensorFlow's
+    coordinated preemption): the chief checkpoints mid-epoch 2 and the command ends 143.
+    The rerun, on 2 Ray actors (strategy.launcher and strategy.ray.address may change
+    between a run and its rerun), resumes exactly: keras_fit on Ray ends as one process with
+    2 replicas (the killed-worker test above is the custom loop's local launch, the
+    killed-actor test below its Ray one)."""
+    run_dir, gate = tmp_path / "run", tmp_path / "gate"
+    args = (*fast_overrides(tiny_data_dir), *RUN, "loop=keras_fit", *GATED)
+    launcher = _launch(run_dir, *args, gate=gate)
+    _held(launcher, gate)
+    launcher.send_signal(signal.SIGTERM)
+    (gate / "released").write_text("")
     out = _finish(launcher)
-    assert launcher.returncode == 0, out[-3000:]
+    assert launcher.returncode == 128 + signal.SIGTERM, out[-3000:]
+    interrupted = _results(run_dir)
+    assert interrupted["status"] == "interrupted", interrupted
+    assert interrupted["epochs_completed"] == 1 and interrupted["steps_in_epoch"] > 0
+    for i in range(2):
+        assert "preemption signal" in (run_dir / "workers" / f"worker{i}.log").read_text()
+
+    rerun = _launch(run_dir, *args, *_on_ray(ray_address))
+    out = _finish(rerun)
+    assert rerun.returncode == 0, out[-3000:]
+    assert "resuming from" in (run_dir / "run.log").read_text()
     _assert_trained_like_one_process(run_dir, "keras_fit", reference)
 
 

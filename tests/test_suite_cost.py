@@ -1,0 +1,44 @@
+"""benchmarks/suite_cost.py, the pytest plugin behind docs/BENCHMARKS.md's account of the
+suite's time: its report of the records it writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# loaded from its file: benchmarks/ is not put on the session's path
+_spec = importlib.util.spec_from_file_location("bench_suite_cost",
+                                               ROOT / "benchmarks" / "suite_cost.py")
+suite_cost = sys.modules["bench_suite_cost"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(suite_cost)
+
+
+def test_the_report_sums_each_tier_and_splits_tests_by_what_they_start(tmp_path):
+    records = [
+        {"test": "a", "seconds": 1.0, "slow": False, "multiprocess": False,
+         "compose_n": 3, "compose_s": 0.4},
+        {"test": "b", "seconds": 10.0, "slow": True, "multiprocess": False, "run_n": 2,
+         "run_s": 6.0, "compose_n": 2, "compose_s": 0.2},
+        {"test": "c", "seconds": 30.0, "slow": True, "multiprocess": True, "forked_n": 2},
+        {"test": "d", "seconds": 5.0, "slow": True, "multiprocess": False, "run_n": 1,
+         "run_s": 2.0, "fresh_n": 1},
+    ]
+    (tmp_path / "1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:2]))
+    (tmp_path / "2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[2:]))
+    assert suite_cost.report(tmp_path) == [
+        "fast tier: 1 tests, 1 test-s",
+        "  compositions: 3, 0 s",
+        "  in-process runs: 0, 0 s",
+        "  tests that start processes: 0, 0 s (multi-process marked: 0); forked run.py 0, "
+        "fresh interpreters 0",
+        "  tests that only run in-process: 0, 0 s",
+        "slow tier: 3 tests, 45 test-s",
+        "  compositions: 2, 0 s",
+        "  in-process runs: 3, 8 s (mean 2.67 s)",
+        "  tests that start processes: 2, 35 s (multi-process marked: 1); forked run.py 2, "
+        "fresh interpreters 1",
+        "  tests that only run in-process: 1, 10 s",
+    ]

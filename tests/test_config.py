@@ -287,6 +287,25 @@ def test_a_rerun_holds_to_what_trained_not_to_keys_nothing_read():
     assert training_diff(started, now) == ["trainer.grad_accum_steps"]
 
 
+def test_a_rerun_may_start_its_workers_another_way():
+    """Local workers, then Ray actors at an address (docs/guides/distribution.md): the same
+    training, so the rerun resumes; another worker count under a launcher is the cluster's
+    (its checkpoint's) business, as with hand-written TF_CONFIG."""
+    from omegaconf import OmegaConf
+
+    from distlab.config import training_diff
+
+    def composed(*overrides: str) -> dict:
+        return OmegaConf.to_container(compose_once(["strategy=multi_worker_mirrored",
+                                                    *overrides]), resolve=True)
+
+    local = composed("strategy.workers=2")
+    on_ray = composed("strategy.workers=2", "strategy.launcher=ray",
+                      "strategy.ray.address=10.0.0.1:6379", "strategy.ray.placement=pack")
+    assert training_diff(local, on_ray) == [] == training_diff(on_ray, local)
+    assert training_diff(local, composed("strategy.workers=2", "seed=1")) == ["seed"]
+
+
 def test_unknown_option_names_the_group(tmp_path):
     error = refusal_in_process(tmp_path / "run", "loop=nope")  # as the command's stderr
     assert "loop" in error and "custom" in error and "keras_fit" in error, error

@@ -200,7 +200,7 @@ def test_sigterm_to_one_worker_checkpoints_all_at_one_step(tiny_data_dir, tmp_pa
     _, one = run_once(*run, "strategy.cpu_devices=2")
     args = (*fast_overrides(tiny_data_dir), *run)
     # worker 1 is held after step 10 of epoch 2 (tests/gate.py) and gets its SIGTERM there;
-    # the workers agree on a step a few after it, well before the epoch's 40th
+    # the workers agree on the next step (or the one after), long before the epoch's 40th
     procs, _, gate = _held_cluster(tmp_path, "step:1:10", *args)
     procs[1].send_signal(signal.SIGTERM)
     (gate / "released").write_text("")

@@ -1,8 +1,8 @@
 """Where the test suite's time goes: a pytest plugin that records, for every test, its time
 and what it spent it on, then a report by tier (docs/BENCHMARKS.md, section 29).
 
-    PYTHONPATH=benchmarks python -m pytest -n 2 -m slow -p suite_cost   # writes records
-    python benchmarks/suite_cost.py report                               # reads them
+    PYTHONPATH=benchmarks python -m pytest -q -n 2 -p suite_cost   # both tiers: records
+    python benchmarks/suite_cost.py report                          # reads them
 
 Per test (setup, call and teardown together), in the test's own process:
 - Hydra compositions (`ConfigLoaderImpl.load_configuration`: a run's, and each job's of a
@@ -15,7 +15,8 @@ Per test (setup, call and teardown together), in the test's own process:
   (a launcher's workers, a sweep's jobs, joblib's workers) is not counted, only timed with
   the test.
 Each session replaces the records in SUITE_COST_DIR (default: /tmp/distlab-suite-cost), one
-JSON line a test.
+JSON line a test: to run the tiers as two sessions, give each its own SUITE_COST_DIR and
+report each.
 """
 
 from __future__ import annotations

@@ -303,6 +303,7 @@ def test_a_rerun_may_start_its_workers_another_way():
     on_ray = composed("strategy.workers=2", "strategy.launcher=ray",
                       "strategy.ray.address=10.0.0.1:6379", "strategy.ray.placement=pack")
     assert training_diff(local, on_ray) == [] == training_diff(on_ray, local)
+    assert training_diff(local, composed("strategy.workers=3")) == []
     assert training_diff(local, composed("strategy.workers=2", "seed=1")) == ["seed"]
 
 

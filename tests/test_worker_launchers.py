@@ -345,7 +345,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_worker_and_ray_actors_resume(
     rerun = _launch(run_dir, *args, *(_on_ray(ray_or_local) if ray_or_local else ()))
     out = _finish(rerun)
     assert rerun.returncode == 0, out[-3000:]
-    resumed = (f"1 epoch(s) done, {interrupted['steps_in_epoch']} step(s) into the next")
+    resumed = f"1 epoch(s) done, {interrupted['steps_in_epoch']} step(s) into the next"
     assert resumed in (run_dir / "run.log").read_text()  # from the preemption checkpoint
     _assert_trained_like_one_process(run_dir, "keras_fit", reference,
                                      echoed=None if ray_or_local else out)

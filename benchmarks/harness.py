@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import Any
 
 import lockstep
-from lockstep import reap
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -114,7 +113,7 @@ def run_once(variant: Variant, run_dir: Path, repo: Path, env: dict[str, str],
         start = time.perf_counter()
         proc = subprocess.Popen(argv, cwd=variant.repo or repo, env=env, stdout=out,
                                 stderr=subprocess.STDOUT)
-        returncode, usage, _ = reap(proc.pid, start + timeout)
+        returncode, usage, _ = lockstep.reap(proc.pid, start + timeout)
         wall = time.perf_counter() - start
     return collect(variant, run_dir, returncode, wall, usage, round_)
 

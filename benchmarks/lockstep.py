@@ -155,10 +155,7 @@ class Child:
     def kill(self) -> None:
         """SIGKILL (not collected: its pid stays its own until `reap`)."""
         if self.proc is not None:
-            try:
-                os.kill(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(self.proc.pid)
         self.ended = True
 
     def reap(self, deadline: float) -> None:
@@ -180,15 +177,20 @@ def reap(pid: int, deadline: float) -> tuple[int, Any, bool]:
         if done:
             break
         if time.perf_counter() > deadline:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(pid)
             timed_out = True
             _, status, usage = os.wait4(pid, 0)
             break
         time.sleep(0.02)
     return os.waitstatus_to_exitcode(status), usage, timed_out
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL to `pid`, which may have exited already (not yet collected: still its pid)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _die_with_the_referee() -> None:

@@ -269,6 +269,18 @@ def mlflow_store(tmp_path_factory):
     return _copy
 
 
+def benchmark_module(name: str):
+    """benchmarks/<name>.py, loaded from its file as `bench_<name>` (benchmarks/ is not put on
+    the session's path: its modules' names would shadow others)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}",
+                                                  ROOT / "benchmarks" / f"{name}.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fast_overrides(data_dir: Path) -> list[str]:
     return [f"dataset.data_dir={data_dir}", "trainer.epochs=2", "loop.verbose=0",
             "trainer.export=false", "dataset.shuffle_buffer=512"]

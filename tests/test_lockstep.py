@@ -3,19 +3,14 @@ turns epoch by epoch, with plain Python children (no TensorFlow)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, benchmark_module
 
-ROOT = Path(__file__).resolve().parents[1]
-# loaded from its file: benchmarks/ is not put on the session's path
-_spec = importlib.util.spec_from_file_location("bench_lockstep",
-                                               ROOT / "benchmarks" / "lockstep.py")
-lockstep = sys.modules["bench_lockstep"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(lockstep)
+lockstep = benchmark_module("lockstep")
 
 # a child of `epochs` epochs: it takes its turn before the first and after each, writing
 # "<name> <epoch>" to LOG as each epoch runs (appended: the order they ran in)

@@ -3,21 +3,14 @@ suite's time: what it counts, and its report of the records it writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import processes
-from conftest import compose
+from conftest import benchmark_module, compose
 
-ROOT = Path(__file__).resolve().parents[1]
-# loaded from its file: benchmarks/ is not put on the session's path
-_spec = importlib.util.spec_from_file_location("bench_suite_cost",
-                                               ROOT / "benchmarks" / "suite_cost.py")
-suite_cost = sys.modules["bench_suite_cost"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(suite_cost)
+suite_cost = benchmark_module("suite_cost")
 
 
 def test_the_plugin_counts_compositions_and_processes_until_uninstalled(tmp_path):

@@ -13,8 +13,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import composition
 import processes
 import pytest
+import xdist_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -27,6 +29,7 @@ from distlab.config import register_configs  # noqa: E402
 from distlab.records.locks import locked  # noqa: E402
 
 register_configs()
+composition.install()  # two of Hydra's per-composition costs, without (tests/composition.py)
 TINY_TRAIN, TINY_TEST = 512, 192
 
 
@@ -51,6 +54,13 @@ def _hypothesis_profiles() -> None:
 _hypothesis_profiles()
 
 
+def caller_chose_dist(config) -> bool:
+    """Whether the command line, PYTEST_ADDOPTS or addopts name a --dist (-d) of their own."""
+    given = [*config.invocation_params.args, os.environ.get("PYTEST_ADDOPTS", ""),
+             *config.getini("addopts")]
+    return any(a.startswith(("--dist", "-d")) for arg in given for a in str(arg).split())
+
+
 def pytest_configure(config):
     """Three logical CPUs for the whole session (must happen before any TF op), so in-process
     tests can use strategy.cpu_devices=1, 2 or 3. SIGINT handled as Python's default even when
@@ -66,11 +76,15 @@ def pytest_configure(config):
     # one at a time in the order below (an xdist_group's all to one worker: the Ray tests'
     # shared instance, the wheel), instead of load's
     # first chunks of ~50 consecutive tests per worker
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load":
-        given = [*config.invocation_params.args, os.environ.get("PYTEST_ADDOPTS", ""),
-                 *config.getini("addopts")]
-        if not any(a.startswith(("--dist", "-d")) for arg in given for a in str(arg).split()):
-            config.option.dist = "loadgroup"
+    if (config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") == "load"
+            and not caller_chose_dist(config)):
+        config.option.dist = "loadgroup"
+    # a worker parses the command line again (xdist 3.8), so it is told of the loadgroup
+    # above (pytest_configure_node): without it, its tests' ids carry no group; and on
+    # pytest 9.2 the group xdist appends to an id needs tests/xdist_groups.py
+    if getattr(config, "workerinput", {}).get("distlab_loadgroup"):
+        config.option.loadgroup = True
+        config.pluginmanager.register(xdist_groups, "distlab-xdist-groups")
     if config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput"):
         return  # xdist's controller runs no test: TensorFlow is its workers' (it starts them)
     import tensorflow as tf
@@ -80,6 +94,13 @@ def pytest_configure(config):
     # start the runtime now: until then a job's own strategy.cpu_devices=1 would replace the
     # three (the first test of a worker, e.g. `-n 2 tests/test_keras_oracle.py`)
     assert len(tf.config.list_logical_devices("CPU")) == 3
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist's controller, for each worker it starts: whether the tests are handed out by
+    group (pytest_configure)."""
+    node.workerinput["distlab_loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -345,3 +345,45 @@ def test_a_user_dataset_yaml_takes_common_keys_without_plus(project, preset):
         with pytest.raises(ConfigCompositionException, match="dataset.validatoin"):
             hydra_compose("config", overrides=[f"hydra.searchpath=[file://{conf}]",
                                                f"dataset={preset}", "dataset.validatoin=null"])
+
+
+def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path):
+    """tests/composition.py (installed for the whole suite on the versions it checked): an
+    option of every group, a preset, a user's search path and a YAML the test rewrites
+    compose to the same config without it and with it, a broken YAML fails alike, and the
+    shared ConfigStore is left as it was."""
+    import copy
+
+    import composition
+    from conftest import compose
+    from hydra.core.config_store import ConfigStore
+
+    assert composition.installed() == composition.CHECKED
+    conf = tmp_path / "conf" / "dataset"
+    conf.mkdir(parents=True)
+    own = conf / "own.yaml"
+    cases = [[f"{group}={_options(group)[-1]}", *NEEDS.get((group, _options(group)[-1]), [])]
+             for group in GROUPS]
+    cases += [["experiment=tutorial_custom_fashion", "trainer.epochs=3"],
+              [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "dataset=own"]]
+
+    def composed() -> list[str]:
+        texts = []
+        for buffer in (8, 16):  # the same file, rewritten: composed from what it says now
+            own.write_text(f"defaults:\n  - mnist\n  - _self_\nshuffle_buffer: {buffer}\n")
+            texts += [OmegaConf.to_yaml(compose(case)) for case in cases[-1 if texts else 0:]]
+        own.write_text("defaults:\n  - mnist\nshuffle_buffer: [\n")
+        with pytest.raises(Exception) as broken:
+            compose(cases[-1])
+        return [*texts, f"{type(broken.value).__name__}: {broken.value}"]
+
+    with composition.as_released():
+        assert not composition.installed()
+        released = composed()
+    assert composition.installed() == composition.CHECKED
+    store = copy.deepcopy(ConfigStore.instance().repo)  # (with what plug-ins registered)
+    shortened = composed()
+    assert shortened == released
+    assert ConfigStore.instance().repo == store
+    assert "shuffle_buffer: 8" in shortened[-3] and "shuffle_buffer: 16" in shortened[-2]
+    assert str(own) in shortened[-1]

@@ -349,9 +349,10 @@ def test_a_user_dataset_yaml_takes_common_keys_without_plus(project, preset):
 
 def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path):
     """tests/composition.py (installed for the whole suite on the versions it checked): an
-    option of every group, a preset, a user's search path and a YAML the test rewrites
-    compose to the same config without it and with it, a broken YAML fails alike, and the
-    shared ConfigStore is left as it was."""
+    option of every group, a preset, a user's search path, a YAML the test rewrites and a
+    node the ConfigStore is given again compose to the same config without it and with it,
+    again with other values (its kept defaults), a broken YAML fails alike, and the shared
+    ConfigStore is left as it was."""
     import copy
 
     import composition
@@ -371,7 +372,14 @@ def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path):
         texts = []
         for buffer in (8, 16):  # the same file, rewritten: composed from what it says now
             own.write_text(f"defaults:\n  - mnist\n  - _self_\nshuffle_buffer: {buffer}\n")
-            texts += [OmegaConf.to_yaml(compose(case)) for case in cases[-1 if texts else 0:]]
+            for values in ([], ["trainer.epochs=5", "~seed"]):  # then other values
+                texts += [OmegaConf.to_yaml(compose([*case, *values]))
+                          for case in cases[-1 if texts else 0:]]
+        store = ConfigStore.instance()
+        for units in ([3], [5]):  # a node stored again: composed from what it holds now
+            store.store(group="probe_units", name="some", node={"hidden_units": units})
+            texts.append(OmegaConf.to_yaml(compose(["model=mlp", "+probe_units@model=some"])))
+        del store.repo["probe_units"]
         own.write_text("defaults:\n  - mnist\nshuffle_buffer: [\n")
         with pytest.raises(Exception) as broken:
             compose(cases[-1])
@@ -385,5 +393,7 @@ def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path):
     shortened = composed()
     assert shortened == released
     assert ConfigStore.instance().repo == store
-    assert "shuffle_buffer: 8" in shortened[-3] and "shuffle_buffer: 16" in shortened[-2]
+    assert "shuffle_buffer: 8" in shortened[-6] and "shuffle_buffer: 16" in shortened[-4]
+    assert "epochs: 5" in shortened[-4] and "\nseed:" not in shortened[-4]
+    assert "- 3" in shortened[-3] and "- 5" in shortened[-2]
     assert str(own) in shortened[-1]

@@ -11,10 +11,15 @@ compositions a session; distlab's own composition is Hydra's, unchanged):
 - most of the suite's compositions differ only in values (`trainer.epochs=3`), not in the
   options they choose, yet each builds its defaults tree and merges its configs again. Here
   the defaults list and the config merged from it are kept per choice of options (the
-  overrides Hydra's `Overrides` takes as group overrides, exactly as it tells them apart) and
-  per content of every config source (each YAML file's text under a file or package source,
-  the ConfigStore's every `store`); Hydra then applies the value overrides to a copy and
-  fills in its own node as usual.
+  overrides Hydra's `Overrides` takes as group overrides, exactly as it tells them apart),
+  per `version_base` and the environment switches Hydra reads, and per content of every
+  config source (each YAML file's text under a file or package source, followed through
+  symbolic links; the ConfigStore's nodes, by identity). Hydra then applies the value
+  overrides to a copy and fills in its own node as usual; the warnings the kept steps gave
+  are given again. Not kept: a choice made by an interpolation (`model=${oc.env:M}`, or
+  one in a defaults list), a source this cannot read through (a package it cannot import, a
+  folder of over 2,000 entries). A node edited in place in the ConfigStore, or a kept
+  defaults list edited by its caller, would go unseen: the suite does neither.
 
 The first two take ~17% off a composition (0.094 -> 0.078 s, docs/BENCHMARKS.md section 30).
 Installed only for the versions checked (`installed()` says whether);
@@ -29,13 +34,16 @@ import dataclasses
 import hashlib
 import importlib.resources
 import io
+import os
 import types
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
 import omegaconf
 import yaml
+from hydra import version
 from hydra._internal import config_loader_impl
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra._internal.defaults_list import DefaultsList, create_defaults_list
@@ -46,8 +54,10 @@ from omegaconf import omegaconf as omegaconf_module
 CHECKED = hydra.__version__.startswith("1.3.") and omegaconf.__version__.startswith("2.3.")
 _parsed: dict[str | bytes, object] = {}
 _lists: dict[tuple, DefaultsList] = {}
-_stores = 0  # ConfigStore.store calls so far (a structured source's content)
-_store = ConfigStore.store
+_dynamic: dict[bytes, bool] = {}  # YAML texts: does its defaults list interpolate?
+_alive: dict[int, object] = {}  # every ConfigStore node digested, by id (none reused)
+ENVIRONMENT = ("SELF_WARNING_AS_ERROR", "HYDRA_DEPRECATION_WARNINGS_AS_ERRORS")
+MAX_ENTRIES = 2000  # a source folder with more is not digested (nor kept)
 _compose = ConfigLoaderImpl._compose_config_from_defaults_list
 
 
@@ -69,53 +79,116 @@ _yaml.__dict__.update({**vars(yaml), "load": _load})
 
 
 class _Defaults(list):
-    """A kept defaults list, and (once composed) the config it merges to."""
+    """A kept defaults list, the warnings making it gave, and (once composed) the config it
+    merges to with the warnings merging gave."""
 
-    composed: DictConfig | None = None
+    warned: list[warnings.WarningMessage]
+    composed: tuple[DictConfig, list[warnings.WarningMessage]] | None = None
 
 
-def _counted_store(self, *args, **kwargs):
-    global _stores
-    _stores += 1
-    return _store(self, *args, **kwargs)
+def _recorded(make):
+    """(make(), the warnings it gave), none of them shown."""
+    with warnings.catch_warnings(record=True) as given:
+        warnings.simplefilter("always")
+        made = make()
+    return made, given
+
+
+def _warn_again(given: list[warnings.WarningMessage]) -> None:
+    for w in given:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _store_state(digest) -> None:
+    """The ConfigStore's nodes into `digest`: each path with its node's identity (a node
+    stored again, replaced, or removed is another state)."""
+    def walk(tree: dict, path: str) -> None:
+        for name, item in sorted(tree.items()):
+            if isinstance(item, dict):
+                walk(item, f"{path}/{name}")
+            else:
+                node = getattr(item, "node", None)
+                _alive.update({id(item): item, id(node): node})
+                digest.update(f"{path}/{name}:{id(item)}:{id(node)}\0".encode())
+
+    walk(ConfigStore.instance().repo, "")
 
 
 def _sources(repo) -> str | None:
     """What the repository's sources hold now (None: a source this cannot read)."""
     digest = hashlib.blake2b()
+    for name in ENVIRONMENT:
+        digest.update(f"{name}={os.environ.get(name)}\0".encode())
     for source in repo.get_sources():
         digest.update(f"{source.scheme()}://{source.path}\0".encode())
         if source.scheme() == "structured":
-            digest.update(f"{_stores}\0".encode())
+            _store_state(digest)
             continue
-        root = (Path(source.path) if source.scheme() == "file"
-                else importlib.resources.files(source.path) if source.scheme() == "pkg" else None)
+        try:
+            root = (Path(source.path) if source.scheme() == "file"
+                    else importlib.resources.files(source.path) if source.scheme() == "pkg"
+                    else None)
+        except Exception:  # a package Hydra only warns about
+            return None
         if not isinstance(root, Path):
             return None
-        for path in sorted(root.rglob("*")):  # groups are folders; configs, .yaml files
-            digest.update(f"{path}\0".encode())
-            if path.suffix == ".yaml" and path.is_file():
-                digest.update(path.read_bytes() + b"\0")
+        entries = 0
+        for folder, dirs, files in os.walk(root, followlinks=True):  # as Hydra reads them
+            dirs.sort()
+            entries += len(dirs) + len(files)
+            if entries > MAX_ENTRIES:
+                return None
+            for name in sorted(files):
+                path = Path(folder, name)
+                digest.update(f"{path}\0".encode())
+                if path.suffix == ".yaml":
+                    text = path.read_bytes()
+                    if _chooses_by_interpolation(text):
+                        return None
+                    digest.update(text + b"\0")
+            for name in dirs:
+                digest.update(f"{Path(folder, name)}/\0".encode())
     return digest.hexdigest()
+
+
+def _chooses_by_interpolation(text: bytes) -> bool:
+    """Whether a YAML text's defaults list holds an interpolation (`- db: ${oc.env:DB}`): a
+    choice this cannot key."""
+    if b"${" not in text:
+        return False
+    if text not in _dynamic:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError:  # Hydra says what is wrong with it
+            doc = None
+        _dynamic[text] = isinstance(doc, dict) and "${" in str(doc.get("defaults", ""))
+    return _dynamic[text]
 
 
 def _defaults_list(repo, config_name, overrides_list, prepend_hydra, skip_missing):
     """create_defaults_list, kept per choice of options and content of the sources: the
     overrides split as `hydra._internal.defaults_list.Overrides` splits them."""
-    state = _sources(repo)
-    if state is None:
-        return create_defaults_list(repo, config_name, overrides_list, prepend_hydra,
-                                    skip_missing)
     groups, values = [], []
     for override in overrides_list:
         if not override.is_sweep_override():
             is_group = (repo.group_exists(override.key_or_group)
                         and not isinstance(override.value(), dict))
             (groups if is_group else values).append(override)
-    key = (config_name, tuple(o.input_line for o in groups), prepend_hydra, skip_missing, state)
+    state = _sources(repo)
+    if state is None or any("${" in o.input_line for o in groups):  # a choice not keyed
+        return create_defaults_list(repo, config_name, overrides_list, prepend_hydra,
+                                    skip_missing)
+    key = (config_name, tuple(o.input_line for o in groups), prepend_hydra, skip_missing,
+           str(version.getbase()), state)
     if key not in _lists:
-        made = create_defaults_list(repo, config_name, groups, prepend_hydra, skip_missing)
-        _lists[key] = dataclasses.replace(made, defaults=_Defaults(made.defaults))
+        made, given = _recorded(lambda: create_defaults_list(
+            repo, config_name, groups, prepend_hydra, skip_missing))
+        _warn_again(given)
+        kept = _Defaults(made.defaults)
+        kept.warned = given
+        _lists[key] = dataclasses.replace(made, defaults=kept)
+    else:
+        _warn_again(_lists[key].defaults.warned)
     return dataclasses.replace(_lists[key], config_overrides=values)
 
 
@@ -124,14 +197,14 @@ def _composed(self, defaults, repo) -> DictConfig:
     if not isinstance(defaults, _Defaults):
         return _compose(self, defaults, repo)
     if defaults.composed is None:
-        defaults.composed = _compose(self, defaults, repo)
-    return copy.deepcopy(defaults.composed)
+        defaults.composed = _recorded(lambda: _compose(self, defaults, repo))
+    _warn_again(defaults.composed[1])
+    return copy.deepcopy(defaults.composed[0])
 
 
 def install() -> None:
     if CHECKED:
         ConfigStore.__deepcopy__ = lambda self, memo: self
-        ConfigStore.store = _counted_store
         omegaconf_module.yaml = _yaml
         config_loader_impl.create_defaults_list = _defaults_list
         ConfigLoaderImpl._compose_config_from_defaults_list = _composed
@@ -140,7 +213,6 @@ def install() -> None:
 def uninstall() -> None:
     if "__deepcopy__" in vars(ConfigStore):
         del ConfigStore.__deepcopy__
-    ConfigStore.store = _store
     omegaconf_module.yaml = yaml
     config_loader_impl.create_defaults_list = create_defaults_list
     ConfigLoaderImpl._compose_config_from_defaults_list = _compose

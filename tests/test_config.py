@@ -347,43 +347,73 @@ def test_a_user_dataset_yaml_takes_common_keys_without_plus(project, preset):
                                                f"dataset={preset}", "dataset.validatoin=null"])
 
 
-def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path):
+def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path, monkeypatch):
     """tests/composition.py (installed for the whole suite on the versions it checked): an
-    option of every group, a preset, a user's search path, a YAML the test rewrites and a
-    node the ConfigStore is given again compose to the same config without it and with it,
-    again with other values (its kept defaults), a broken YAML fails alike, and the shared
-    ConfigStore is left as it was."""
+    option of every group, a preset, a user's search path, a YAML the test rewrites, a node
+    the ConfigStore is given again or has replaced, choices by interpolation, a primary
+    config without `_self_` and a package Hydra cannot import compose to the same configs,
+    with the same warnings, without it and with it, again with other values (its kept
+    defaults); a broken YAML fails alike, and the shared ConfigStore is left as it was."""
     import copy
+    import dataclasses
+    import warnings
 
     import composition
     from conftest import compose
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
 
     assert composition.installed() == composition.CHECKED
     conf = tmp_path / "conf" / "dataset"
     conf.mkdir(parents=True)
     own = conf / "own.yaml"
+    (tmp_path / "bare" / "db").mkdir(parents=True)
+    (tmp_path / "bare" / "db" / "a.yaml").write_text("x: 1\n")
+    (tmp_path / "bare" / "db" / "b.yaml").write_text("x: 2\n")
+    (tmp_path / "bare" / "config.yaml").write_text("defaults:\n  - db: a\nseed: 1\n")
+    (tmp_path / "bare" / "chosen.yaml").write_text("defaults:\n  - db: ${oc.env:PROBE_DB}\n"
+                                                   "  - _self_\n")
     cases = [[f"{group}={_options(group)[-1]}", *NEEDS.get((group, _options(group)[-1]), [])]
              for group in GROUPS]
     cases += [["experiment=tutorial_custom_fashion", "trainer.epochs=3"],
               [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "dataset=own"]]
 
+    def bare(*overrides: str, name: str = "config") -> str:  # config.yaml: without _self_
+        with initialize_config_dir(str(tmp_path / "bare"), version_base="1.3"):
+            return OmegaConf.to_yaml(hydra_compose(name, overrides=list(overrides)))
+
     def composed() -> list[str]:
         texts = []
-        for buffer in (8, 16):  # the same file, rewritten: composed from what it says now
-            own.write_text(f"defaults:\n  - mnist\n  - _self_\nshuffle_buffer: {buffer}\n")
-            for values in ([], ["trainer.epochs=5", "~seed"]):  # then other values
-                texts += [OmegaConf.to_yaml(compose([*case, *values]))
-                          for case in cases[-1 if texts else 0:]]
-        store = ConfigStore.instance()
-        for units in ([3], [5]):  # a node stored again: composed from what it holds now
-            store.store(group="probe_units", name="some", node={"hidden_units": units})
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            for buffer in (8, 16):  # the same file, rewritten: composed from what it says now
+                own.write_text(f"defaults:\n  - mnist\n  - _self_\nshuffle_buffer: {buffer}\n")
+                for values in ([], ["trainer.epochs=5", "~seed"]):  # then other values
+                    texts += [OmegaConf.to_yaml(compose([*case, *values]))
+                              for case in cases[-1 if texts else 0:]]
+            store = ConfigStore.instance()
+            for units in ([3], [5]):  # a node stored again: composed from what it holds now
+                store.store(group="probe_units", name="some", node={"hidden_units": units})
+                texts.append(OmegaConf.to_yaml(compose(["model=mlp", "+probe_units@model=some"])))
+            node = store.repo["probe_units"]["some.yaml"]  # replaced without store()
+            store.repo["probe_units"]["some.yaml"] = dataclasses.replace(
+                node, node=OmegaConf.create({"hidden_units": [7]}))
             texts.append(OmegaConf.to_yaml(compose(["model=mlp", "+probe_units@model=some"])))
-        del store.repo["probe_units"]
-        own.write_text("defaults:\n  - mnist\nshuffle_buffer: [\n")
-        with pytest.raises(Exception) as broken:
-            compose(cases[-1])
-        return [*texts, f"{type(broken.value).__name__}: {broken.value}"]
+            del store.repo["probe_units"]
+            for model in ("mlp", "mnist_cnn"):  # chosen by an interpolation, each time anew
+                monkeypatch.setenv("PROBE_MODEL", model)
+                texts.append(OmegaConf.to_yaml(compose(["model=${oc.env:PROBE_MODEL}"])))
+            for db in ("a", "b"):  # chosen by an interpolation in a defaults list
+                monkeypatch.setenv("PROBE_DB", db)
+                texts.append(bare(name="chosen"))
+            texts += [bare(), bare("seed=2"), OmegaConf.to_yaml(compose(
+                ["hydra.searchpath=[pkg://no_such_package_of_configs]", "seed=3"]))]
+            own.write_text("defaults:\n  - mnist\nshuffle_buffer: [\n")
+            with pytest.raises(Exception) as broken:
+                compose(cases[-1])
+        return [*texts, f"{type(broken.value).__name__}: {broken.value}",
+                "\n".join(f"{w.category.__name__}: {w.message}" for w in warned)]
 
     with composition.as_released():
         assert not composition.installed()
@@ -393,7 +423,14 @@ def test_the_suites_composition_shortcuts_compose_as_hydra_does(tmp_path):
     shortened = composed()
     assert shortened == released
     assert ConfigStore.instance().repo == store
-    assert "shuffle_buffer: 8" in shortened[-6] and "shuffle_buffer: 16" in shortened[-4]
-    assert "epochs: 5" in shortened[-4] and "\nseed:" not in shortened[-4]
-    assert "- 3" in shortened[-3] and "- 5" in shortened[-2]
-    assert str(own) in shortened[-1]
+    assert "shuffle_buffer: 8" in shortened[-15] and "shuffle_buffer: 16" in shortened[-13]
+    assert "epochs: 5" in shortened[-13] and "\nseed:" not in shortened[-13]
+    units = [t[t.index("hidden_units:"):].split("\n")[1] for t in shortened[-12:-9]]
+    assert units == ["  - 3", "  - 5", "  - 7"]
+    assert "name: mlp" in shortened[-9] and "name: cnn" in shortened[-8]
+    assert "x: 1" in shortened[-7] and "x: 2" in shortened[-6]
+    assert "seed: 1" in shortened[-5] and "seed: 2" in shortened[-4]
+    assert "seed: 3" in shortened[-3]
+    assert shortened[-1].count("is missing `_self_`") == 2, shortened[-1]
+    assert "no_such_package_of_configs" in shortened[-1]
+    assert str(own) in shortened[-2]

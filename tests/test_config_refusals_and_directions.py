@@ -18,7 +18,8 @@ from distlab.errors import ConfigError, composition_error
 def _one_line_refusal(tmp_path, *overrides: str) -> str:
     """`python run.py OVERRIDES`: exit 2, one error line, no traceback, before TensorFlow
     (and so before the data load) is imported."""
-    out, tensorflow = run_command(*overrides, f"hydra.run.dir={tmp_path / 'run'}")
+    out, tensorflow = run_command(*overrides, f"hydra.run.dir={tmp_path / 'run'}",
+                                  f"hydra.sweep.dir={tmp_path / 'sweep'}")  # not outputs/
     text = out.stdout + out.stderr
     errors = [line for line in text.splitlines() if "error" in line.lower()]
     assert out.returncode == 2, text[-2000:]

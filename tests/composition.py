@@ -141,7 +141,7 @@ def _sources(repo) -> str | None:
             for name in sorted(files):
                 path = Path(folder, name)
                 digest.update(f"{path}\0".encode())
-                if path.suffix == ".yaml":
+                if path.suffix == ".yaml" and path.is_file():  # (not a broken link)
                     text = path.read_bytes()
                     if _chooses_by_interpolation(text):
                         return None

@@ -11,7 +11,8 @@ import distlab
 
 
 class Recorder(keras.callbacks.Callback):
-    """Appends [hook, index, {logs}, pid] per call to `path`; with `stop_epoch` (0-based) it sets
+    """Appends [hook, index, {logs}, pid] per call to `path` (and the model's optimizer's
+    learning rate at each epoch's end to `path`.lr); with `stop_epoch` (0-based) it sets
     model.stop_training at that epoch's end, or after its step `stop_step` (1-based)."""
 
     def __init__(self, path: str, stop_epoch: int | None = None,
@@ -37,6 +38,9 @@ class Recorder(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._record("epoch_end", epoch, logs)
+        # as the TensorFlow tutorial's PrintLR: the model's optimizer, in either loop
+        with open(f"{self.path}.lr", "a") as f:
+            f.write(f"{float(self.model.optimizer.learning_rate.numpy())}\n")
         if epoch == self.stop_epoch and self.stop_step is None:
             self.model.stop_training = True
 

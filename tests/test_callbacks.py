@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, compose_once, fast_overrides
+from omegaconf import OmegaConf
 
 TESTS = Path(__file__).resolve().parent
 RECORDER = "+callbacks.rec._target_=callback_recorder.Recorder"
@@ -63,6 +64,11 @@ def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inproc
         assert all(sorted(logs) == sorted(k for k in rows[0] if k != "epoch") for logs in ends)
         for logs, row in zip(ends, rows, strict=True):
             assert logs["val_loss"] == pytest.approx(float(row["val_loss"]), abs=1e-5)  # csv
+    # self.model.optimizer, as compile sets it, in both loops (the tutorial's PrintLR)
+    rates = {loop: [float(r) for r in (tmp_path / f"{loop}.jsonl.lr").read_text().split()]
+             for loop in calls}
+    assert rates["custom"] == rates["keras_fit"] == pytest.approx(
+        [float(r["learning_rate"]) for r in _history(tmp_path / "custom")], rel=1e-6)
 
 
 @pytest.mark.slow
@@ -167,6 +173,31 @@ def test_a_val_monitor_without_validation_and_a_resumed_stateful_callback_are_sa
                                           r"split, and dataset.validation=null"):
         check_monitors({"callbacks.es": keras.callbacks.EarlyStopping(monitor="val_loss")},
                        {"accuracy": True}, validation=False)
+    # as trainer.early_stopping.metric: a val_ figure that no epoch measures
+    for every, epochs, says in ((0, 2, "is measured only on epochs that validate, and "
+                                       "trainer.validate_every=0"),
+                                (3, 2, "would never be measured: trainer.validate_every=3 "
+                                       "exceeds trainer.epochs=2")):
+        trainer = OmegaConf.create({"validate_every": every, "epochs": epochs})
+        with pytest.raises(ConfigError, match=rf"^callbacks.es.monitor=val_loss {says}"):
+            check_monitors({"callbacks.es": keras.callbacks.EarlyStopping(monitor="val_loss")},
+                           {"accuracy": True}, trainer=trainer)
+    check_monitors({"callbacks.es": keras.callbacks.EarlyStopping(monitor="val_loss"),
+                    "callbacks.t": keras.callbacks.EarlyStopping(monitor="loss")},
+                   {"accuracy": True}, trainer=OmegaConf.create({"validate_every": 2,
+                                                                 "epochs": 4}))
+    check_monitors({"callbacks.t": keras.callbacks.EarlyStopping(monitor="loss")},
+                   {"accuracy": True}, trainer=OmegaConf.create({"validate_every": 0,
+                                                                 "epochs": 4}))
+    # a ModelCheckpoint saving every epoch never reads its default monitor (val_loss)
+    every = {"callbacks.mc": keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"))}
+    check_monitors(every, {"accuracy": True}, validation=False)
+    check_monitors(every, {"accuracy": True}, trainer=OmegaConf.create({"validate_every": 0,
+                                                                        "epochs": 4}))
+    with pytest.raises(ConfigError, match=r"^callbacks.best.monitor=val_loss needs a"):
+        check_monitors({"callbacks.best": keras.callbacks.ModelCheckpoint(
+            str(tmp_path / "m.keras"), save_best_only=True)}, {"accuracy": True},
+            validation=False)
     named = {"callbacks.es": keras.callbacks.EarlyStopping(monitor="val_loss"),
              "callbacks.best": keras.callbacks.ModelCheckpoint(str(tmp_path / "m.keras"),
                                                                save_best_only=True),

@@ -189,6 +189,10 @@ def test_tfds_feature_list_gives_a_dict_and_the_disk_cache_keeps_it(reviews_dir,
     with pytest.raises(DistlabError, match=r"dataset.features.input='nope' is not a feature "
                                            r"of tiny_reviews; its features: label, stars"):
         _load(*args[:2], "dataset.features.input=[text,nope]", "dataset.features.label=label")
+    for given in ("label", "[text,label]"):  # the label as an input: refused, named
+        with pytest.raises(DistlabError, match=r"^dataset.features.label='label' is also in "
+                                               r"dataset.features.input: the model would"):
+            _load(*args[:2], f"dataset.features.input={given}", "dataset.features.label=label")
 
 
 def test_adapted_statistics_are_deterministic_and_follow_a_restore(tmp_path):

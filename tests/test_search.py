@@ -201,6 +201,12 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
     broken.mkdir()
     (broken / "optuna.journal").write_text('{"op_code": 0, "worker_id": "x"}\n{garbage\n')
     cases["broken"] = ([], f"the study in {broken / 'optuna.journal'} cannot be read")
+    spaced = tmp_path / "spaced"  # its trial searched the batch size over other choices
+    _seed_study(spaced, trials=1)
+    cases["spaced"] = (['hydra.sweeper.params={dataset.batch_size_per_replica: '
+                        '"choice(16, 128)"}'], "searched dataset.batch_size_per_replica over "
+                       "choice(32,64); this search over choice(16,128)")
+    cases["no trials"] = (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: give 1 or more")
     for name, (extra, expected) in cases.items():
         out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
                       "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / name}", *extra,
@@ -208,6 +214,7 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
         text = out.stdout + out.stderr
         assert out.returncode == 2 and expected in text, (name, text[-2000:])
         assert "Traceback" not in text and not (tmp_path / name / "0").exists(), name
+    assert len(_study(spaced).trials) == 1  # the study left as it was: no trial asked
 
 
 # --------------------------------------------------------------------------- slow
@@ -335,6 +342,35 @@ def test_repeats_run_each_trial_with_its_seeds_and_tell_optuna_the_mean(tiny_dat
             trials[trial.number].params["optimizer.learning_rate"])
     groups = (sweep / "summary_groups.csv").read_text().splitlines()
     assert len(groups) == 3 and all(",2,7 8," in g for g in groups[1:]), groups
+
+
+@pytest.mark.slow  # a run.py process forked from a TensorFlow-preloaded server
+def test_a_running_trial_without_this_searchs_values_is_failed_and_asked_anew(tiny_data_dir,
+                                                                              tmp_path):
+    """A trial left running without a value for a searched key (a search stopped while
+    asking, or a key searched since) is not relaunched on the config's defaults: it is failed,
+    and a new trial of the search's space takes its place."""
+    import optuna
+
+    from distlab.search import open_storage, storage_location
+
+    sweep = tmp_path / "search"
+    optuna.create_study(study_name="distlab", direction="maximize", storage=open_storage(
+        storage_location(None, sweep))).ask()  # trial 0: running, without parameters
+    out = run_cli(*fast_overrides(tiny_data_dir), "trainer.epochs=1", "trainer.steps_per_epoch=2",
+                  "model=mlp", "model.hidden_units=[8]", "hparams_search=optuna",
+                  "hydra.sweeper.n_trials=1", 'hydra.sweeper.params={optimizer.learning_rate: '
+                  '"choice(0.02, 0.03)"}', f"hydra.sweep.dir={sweep}", timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    [said] = [line for line in text.splitlines() if "trial 0: has no value for" in line]
+    assert "optimizer.learning_rate" in said and "a new trial is asked in its place" in said
+    study = _study(sweep)
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    assert study.trials[1].params["optimizer.learning_rate"] in (0.02, 0.03)
+    assert _results(sweep / "1")["learning_rate"] == study.trials[1].params[
+        "optimizer.learning_rate"]
+    assert not (sweep / "0").exists()  # never launched
 
 
 @pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server

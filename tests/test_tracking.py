@@ -351,3 +351,32 @@ def test_a_file_store_is_refused_unless_mlflow_allows_it(tmp_path, monkeypatch):
             MlflowTracker(cfg)
         monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
         assert MlflowTracker(cfg).uri == uri
+
+
+def test_a_tracking_server_that_does_not_answer_is_one_warning_within_seconds(
+        tmp_path, caplog):
+    """logger.tracking_uri=http://host:port where nothing listens: one warning naming the URI
+    at the start (MLflow's own client would retry for minutes), and the run goes on."""
+    import socket
+
+    from distlab.records.run_dir import RunDir
+    from distlab.tracking import session
+    from distlab.tracking.mlflow_tracker import server_answers
+
+    with socket.socket() as probe:  # a port nothing listens on (bound, never listening)
+        probe.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{probe.getsockname()[1]}"
+        cfg = compose(["logger=mlflow", f"logger.tracking_uri={uri}"])
+        job = session.Session(session.build(cfg), RunDir(tmp_path), {"seed": 1})
+        job.start()
+        job.log_epoch({"epoch": 1, "loss": 0.5})
+        job.finish({"status": "completed"})
+    [warned] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned.startswith(f"logger=mlflow: start failed (ConnectionError: no MLflow server "
+                             f"answers at {uri} within 10 s"), warned
+    assert "training goes on without it" in warned
+    server_answers("sqlite:///x.db")  # other stores: nothing to probe
+    with socket.socket() as server:  # a server that accepts: passes
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server_answers(f"http://127.0.0.1:{server.getsockname()[1]}/", timeout=5)

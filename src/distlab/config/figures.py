@@ -98,13 +98,19 @@ def check_watched(trainer: DictConfig, metric_names: list[str],
             continue
         if not validation:
             raise needs_validation(where, metric)
-        every = trainer.validate_every
-        if not every:
-            raise ConfigError(f"{where}={metric} is measured only on epochs that validate, and "
-                              "trainer.validate_every=0: set trainer.validate_every=1 (or N), "
-                              "or use a train metric")
-        if every > trainer.epochs:
-            raise ConfigError(
-                f"{where}={metric} would never be measured: trainer.validate_every={every} "
-                f"exceeds trainer.epochs={trainer.epochs}. Set trainer.validate_every <= "
-                f"{trainer.epochs}, or use a train metric")
+        check_validated(where, metric, trainer)
+
+
+def check_validated(where: str, name: str, trainer: DictConfig) -> None:
+    """Refuse, in one line, a watched `val_` figure that no epoch of the run measures
+    (trainer.validate_every 0, or over trainer.epochs)."""
+    every = trainer.validate_every
+    if not every:
+        raise ConfigError(f"{where}={name} is measured only on epochs that validate, and "
+                          "trainer.validate_every=0: set trainer.validate_every=1 (or N), "
+                          "or use a train metric")
+    if every > trainer.epochs:
+        raise ConfigError(
+            f"{where}={name} would never be measured: trainer.validate_every={every} "
+            f"exceeds trainer.epochs={trainer.epochs}. Set trainer.validate_every <= "
+            f"{trainer.epochs}, or use a train metric")

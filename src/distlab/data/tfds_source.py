@@ -193,6 +193,10 @@ def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tupl
         if key not in info.features:
             raise DistlabError(f"dataset.features.{role}={key!r} is not a feature of "
                                f"{name}; its features: {available}")
+    if y in (x if isinstance(x, list) else [x]):
+        raise DistlabError(f"dataset.features.label={y!r} is also in dataset.features.input: "
+                           f"the model would be given its label; choose another input of "
+                           f"{name} ({available})")
     return x, y
 
 

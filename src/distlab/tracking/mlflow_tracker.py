@@ -35,6 +35,7 @@ log = logging.getLogger("distlab")
 INSTALL = 'pip install "distlab[mlflow]"'
 STATUS = {"completed": "FINISHED", "pruned": "FINISHED", "interrupted": "KILLED"}  # else FAILED
 MAX_NAME, MAX_VALUE = 250, 6000  # MLflow's longest run name, and param or tag value
+CONNECT_TIMEOUT_S = 10  # for an http(s) tracking server to accept a connection
 
 
 class MlflowTracker(Tracker):
@@ -63,6 +64,7 @@ class MlflowTracker(Tracker):
             from mlflow.tracking import MlflowClient
 
             if not self.uri.startswith("sqlite:///"):
+                server_answers(self.uri)  # else MLflow retries for minutes before it fails
                 self._client = MlflowClient(self.uri)
                 return self._client
             db = Path(self.uri[len("sqlite:///"):])
@@ -237,6 +239,24 @@ def store_uri(uri: str) -> str:
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
 
+
+def server_answers(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise ConnectionError, naming `uri`, if its http(s) server accepts no connection within
+    `timeout` seconds (MLflow's client retries 7 times with backoff: minutes); other stores
+    pass."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return
+    except OSError as e:
+        raise ConnectionError(f"no MLflow server answers at {uri} within {timeout:g} s "
+                              f"({e.strerror or type(e).__name__})") from None
 
 def param_value(value: Any) -> str:
     """A config leaf as a param: a string as it is, anything else as JSON."""

@@ -25,7 +25,7 @@ import keras
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import check_callback_entry
-from distlab.config.figures import check_figure, needs_validation
+from distlab.config.figures import check_figure, check_validated, needs_validation
 from distlab.errors import ConfigError, DistlabError, described
 from distlab.records.ranking import metric_direction
 from distlab.records.run_dir import figure_columns
@@ -60,20 +60,33 @@ def build(cfg: DictConfig, is_chief: bool = True) -> dict[str, keras.callbacks.C
 
 
 def check_monitors(named: dict[str, keras.callbacks.Callback], higher: dict[str, bool],
-                   test: bool = False, validation: bool = True) -> None:
-    """Refuse, in one line, a callback's `monitor` on the test split or not among the run's
-    figures; give one with mode auto distlab's direction for it, as trainer.early_stopping
-    ranks it (`higher`: the task's metrics' higher_is_better; losses go down)."""
+                   test: bool = False, validation: bool = True,
+                   trainer: DictConfig | None = None) -> None:
+    """Refuse, in one line, a callback's `monitor` on the test split, not among the run's
+    figures, or a `val_` one that no epoch measures (`trainer`'s validate_every), as
+    trainer.early_stopping's; give one with mode auto distlab's direction for it, as
+    trainer.early_stopping ranks it (`higher`: the task's metrics' higher_is_better; losses
+    go down)."""
     figures = figure_columns(list(higher), test=test, validation=validation)
     for key, callback in named.items():
         monitor = getattr(callback, "monitor", None)
         if not isinstance(monitor, str):
             continue
-        if monitor.startswith("val_") and not validation:
-            raise needs_validation(f"{key}.monitor", monitor)
-        check_figure(f"{key}.monitor", monitor, figures, "per-epoch figure of this run")
+        if not _unused_default(callback):
+            if monitor.startswith("val_") and not validation:
+                raise needs_validation(f"{key}.monitor", monitor)
+            if monitor.startswith("val_") and trainer is not None:
+                check_validated(f"{key}.monitor", monitor, trainer)
+            check_figure(f"{key}.monitor", monitor, figures, "per-epoch figure of this run")
         if getattr(callback, "mode", None) == "auto":
             callback.mode = metric_direction(monitor, "auto", higher)
+
+
+def _unused_default(callback: keras.callbacks.Callback) -> bool:
+    """A ModelCheckpoint's default monitor (val_loss) while it saves at every epoch: it never
+    reads it, so a run without validation (or validating on some epochs) may have it."""
+    return (isinstance(callback, keras.callbacks.ModelCheckpoint)
+            and not callback.save_best_only and callback.monitor == "val_loss")
 
 
 def chief_only(callback: Any, node: Any = None) -> bool:

@@ -75,7 +75,7 @@ class Controller:
         self._steps_sums = exp.sums.zeros()  # the batch stats of this epoch's steps
         check_monitors(callbacks or {}, {m.name: m.higher_is_better for m in exp.task.metrics},
                        test=bool(exp.cfg.trainer.test_every),
-                       validation=exp.data.validation is not None)
+                       validation=exp.data.validation is not None, trainer=exp.cfg.trainer)
         self.callbacks = Callbacks(callbacks or {}, model=exp.model, verbose=0,
                                    epochs=exp.cfg.trainer.epochs, steps=exp.data.steps_per_epoch)
         self._batch_logs = has_batch_hooks(self.callbacks.callbacks)  # else no batch hooks

@@ -55,6 +55,11 @@ def verify(overrides: Sequence[str] = (), config_dir: str | Path | None = None, 
     exits; Ctrl-C (KeyboardInterrupt) is raised, with no verify.json."""
     started = time.time()
     given = [str(o) for o in overrides]
+    from distlab.config.store import config_dir_problem
+
+    for value, flag in ((config_dir, "config_dir"), (config_path, "config_path")):
+        if value is not None and (problem := config_dir_problem(value, flag)):
+            return Report([], None, given, error=problem)  # (as distlab.train's)
     try:
         run_overrides, options = split_overrides(given)
     except DistlabError as e:

@@ -105,6 +105,10 @@ class DistlabOptunaSweeper(Sweeper):
                               "maximize or minimize")
         if not 0.0 <= self.max_failure_rate <= 1.0:
             raise ConfigError("hydra.sweeper.max_failure_rate must be between 0 and 1")
+        for key, value in (("n_trials", self.n_trials), ("n_jobs", self.n_jobs)):
+            if value < 1:
+                raise ConfigError(f"hydra.sweeper.{key}={value}: give 1 or more ("
+                                  f"{'trials in all' if key == 'n_trials' else 'trials at once'})")
         build_pruner(self.pruner, self.pruner_args)  # a bad name or argument: one line now
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) \
                 or self.repeats < 1:
@@ -179,9 +183,18 @@ class DistlabOptunaSweeper(Sweeper):
         self._keep(study, "objective", self._field, "ranks its trials by {}; this search by "
                    f"objective={self._field}")
         trials = study.get_trials(deepcopy=False)
-        self._pending = [t.number for t in trials
-                         if t.state == optuna.trial.TrialState.RUNNING]  # interrupted: rerun
-        self._planned = max(0, self.n_trials - len(trials))  # new trials still to ask for
+        self._keep_space(trials)
+        running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        # interrupted: relaunched; one without a value for each searched key (stopped while
+        # asked, or the search has a key since) would train on defaults: failed, asked anew
+        unfit = [t.number for t in running if not set(space) <= set(t.params)]
+        for number in unfit:
+            study.tell(number, state=optuna.trial.TrialState.FAIL)
+            log.warning("trial %d: has no value for %s of this search's keys; failed, and a "
+                        "new trial is asked in its place", number,
+                        ", ".join(sorted(set(space) - set(trials[number].params))))
+        self._pending = [t.number for t in running if t.number not in unfit]
+        self._planned = max(0, self.n_trials - len(trials)) + len(unfit)  # new trials to ask
         self._failures = sum(t.state == optuna.trial.TrialState.FAIL for t in trials)
         self._finished = sum(t.state.is_finished() for t in trials)
         self._stop = False
@@ -225,6 +238,26 @@ class DistlabOptunaSweeper(Sweeper):
                               f"{differs.format(held)}: keep it, or use another "
                               "hydra.sweep.dir")
         study.set_user_attr(name, value)
+
+    def _keep_space(self, trials: list[Any]) -> None:
+        """Refuse a resumed search whose search space Optuna cannot continue: a key searched
+        over other choices, or over values of another kind, than its earlier trials'."""
+        from optuna.distributions import check_distribution_compatibility
+
+        for trial in trials:
+            for key, held in trial.distributions.items():
+                if key not in self._space:
+                    continue
+                try:
+                    check_distribution_compatibility(held, self._space[key])
+                except ValueError:
+                    from distlab.errors import ConfigError
+
+                    raise ConfigError(
+                        f"the study {self.study_name!r} in {self._location} searched {key} "
+                        f"over {_described(held)}; this search over "
+                        f"{_described(self._space[key])}: keep it, or use another "
+                        "hydra.sweep.dir") from None
 
     def _next(self) -> tuple[Any, list[str]] | None:
         """The next trial to launch (a relaunched one first) and its overrides; None: done."""
@@ -378,3 +411,12 @@ def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
 def _objective_field(config: DictConfig) -> str:
     """The results.json field the jobs return (as `distlab.launch.job` picks it)."""
     return str(config.get("objective") or "the objective (the task's first metric)")
+
+
+def _described(distribution: Any) -> str:
+    """An Optuna distribution as a user wrote it: choice(...), or its range."""
+    choices = getattr(distribution, "choices", None)
+    if choices is not None:
+        return "choice(" + ",".join(map(str, choices)) + ")"
+    low, high = distribution.low, distribution.high
+    return f"{type(distribution).__name__} [{low}, {high}]"

@@ -53,6 +53,8 @@ class Loop:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.loss_fn = exp.task.loss
+        if getattr(exp.model, "optimizer", None) is None:  # what compile sets, in every loop:
+            exp.model.optimizer = exp.optimizer  # a callback reads self.model.optimizer
         cls = type(self)
         if cls.train_step is Loop.train_step and cls.train_steps is Loop.train_steps:
             raise LoopError(f"{self._name}: {cls.__name__} implements no train_step; a Loop "

@@ -207,6 +207,8 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
                         '"choice(16, 128)"}'], "searched dataset.batch_size_per_replica over "
                        "choice(32,64); this search over choice(16,128)")
     cases["no trials"] = (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: give 1 or more")
+    cases["target"] = (["objective=time_to_target_s"], "objective=time_to_target_s needs "
+                       "trainer.target, and none is configured")  # no trial could measure it
     for name, (extra, expected) in cases.items():
         out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
                       "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / name}", *extra,

@@ -54,6 +54,24 @@ def _rules(schema: type = Config, prefix: str = "") -> dict[str, Rule | None]:
 RULES: dict[str, Rule] = {key: rule for key, rule in _rules().items() if rule is not None}
 
 
+def check_objective_needs(cfg: DictConfig) -> None:
+    """Refuse, in one line, an objective whose field the run cannot write: best_value
+    without checkpoints/best, epochs_to_target or time_to_target_s without trainer.target."""
+    objective = cfg.get("objective")
+    best = cfg.trainer.best_checkpoint
+    # (with dataset.validation=null the examples watch a training figure, as they must)
+    watched = "val_" if OmegaConf.select(cfg, "dataset.validation", default="auto") else ""
+    to_target = ("trainer.target", cfg.trainer.target.metric,
+                 f"trainer.target.metric={watched}accuracy trainer.target.value=0.9")
+    needs = {"best_value": ("checkpoints/best", best.metric or cfg.trainer.early_stopping.metric,
+                            f"trainer.best_checkpoint.metric={watched}loss"),
+             "epochs_to_target": to_target, "time_to_target_s": to_target}
+    if objective in needs and needs[objective][1] is None:
+        what, _, example = needs[objective]
+        raise ConfigError(f"objective={objective} needs {what}, and none is configured: set "
+                          f"it (e.g. {example}) or choose another objective")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError naming the first impossible value. Never imports TensorFlow."""
     _check_int_range(cfg)
@@ -100,18 +118,7 @@ def validate(cfg: DictConfig) -> None:
                           "exists only with trainer.best_checkpoint.metric (or "
                           "trainer.early_stopping.metric) set, e.g. "
                           "trainer.best_checkpoint.metric=val_loss")
-    objective = cfg.get("objective")
-    # (with dataset.validation=null the examples watch a training figure, as they must)
-    watched = "val_" if OmegaConf.select(cfg, "dataset.validation", default="auto") else ""
-    to_target = ("trainer.target", target.metric,
-                 f"trainer.target.metric={watched}accuracy trainer.target.value=0.9")
-    needs = {"best_value": ("checkpoints/best", best.metric or cfg.trainer.early_stopping.metric,
-                            f"trainer.best_checkpoint.metric={watched}loss"),
-             "epochs_to_target": to_target, "time_to_target_s": to_target}
-    if objective in needs and needs[objective][1] is None:
-        what, _, example = needs[objective]
-        raise ConfigError(f"objective={objective} needs {what}, and none is configured: set "
-                          f"it (e.g. {example}) or choose another objective")
+    check_objective_needs(cfg)
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
     # a user dataset's node gets its registered schema (and these defaults) after this check

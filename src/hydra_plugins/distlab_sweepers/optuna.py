@@ -87,6 +87,7 @@ class DistlabOptunaSweeper(Sweeper):
               config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
 
+        from distlab.config.checks import check_objective_needs
         from distlab.config.figures import check_search_objective
         from distlab.errors import ConfigError
         from distlab.launch.objective import task_metrics
@@ -98,6 +99,7 @@ class DistlabOptunaSweeper(Sweeper):
         higher = task_metrics(job_cfg)
         check_search_objective(job_cfg.get("objective"), str(job_cfg.task.get("name")),
                                list(higher), has_validation(job_cfg))
+        check_objective_needs(job_cfg)  # (a field no trial could write: every trial failed)
         if str(self.direction) == AUTO:
             self.direction = direction(job_cfg, higher)
         if self.direction not in ("maximize", "minimize"):

@@ -49,3 +49,22 @@ def test_a_checkpoint_failing_its_checksum_is_called_damaged(run_inprocess, tmp_
                       out=tmp_path / "eval")
     error = json.loads((tmp_path / "eval" / "results.json").read_text())["error"]
     assert "is truncated or corrupt" in error and "does not match" not in error.split("(")[0]
+
+
+
+def test_a_checkpoint_of_another_model_is_one_line_without_tensorflows_list(
+        run_inprocess, tiny_data_dir, tmp_path):
+    """`python run.py mode=evaluate` of an mlp's checkpoint with another model: the one line
+    ends the output, without TensorFlow's warnings naming each value left unrestored (dozens
+    of lines, once the run's objects are deleted)."""
+    from conftest import fast_overrides, run_cli
+
+    run_inprocess(*SMALL[1:-1], out=tmp_path / "run")  # mirrored, the mlp's own layers
+    out = run_cli(*fast_overrides(tiny_data_dir), *SMALL[1:-2], "model=mnist_cnn",
+                  "mode=evaluate", f"ckpt_path={tmp_path / 'run'}",
+                  f"hydra.run.dir={tmp_path / 'eval'}", timeout=300,
+                  fresh=True)  # (a forked one ends by os._exit: no object is deleted)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2, text[-3000:]
+    assert "it does not match the configured model (cnn" in text, text[-3000:]
+    assert "could not be found" not in text and "unrestored values" not in text, text[-3000:]

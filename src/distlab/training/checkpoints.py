@@ -203,6 +203,8 @@ class Checkpoints:
         except (tf.errors.OpError, ValueError, AssertionError, IndexError) as e:
             if status is not None:
                 status.expect_partial()  # no list of unrestored values when it is deleted
+            else:  # restore() itself raised: no status to tell, its restore still pending
+                _expect_partial(prefix)
             if _damaged(e):
                 raise DistlabError(
                     f"cannot {what} checkpoint {prefix}: it is truncated or corrupt "
@@ -213,6 +215,24 @@ class Checkpoints:
                 f"({cfg.model.name}, dataset {cfg.dataset.name}): {_mismatch(e)}. Use the "
                 "overrides it was trained with (see its run dir's .hydra/config.yaml)"
             ) from None
+
+
+def _expect_partial(prefix: str) -> None:
+    """Mark the pending restores of `prefix` partial, as `status.expect_partial()` would: a
+    `restore` that raised (a shape mismatch) returns no status, and TensorFlow would list each
+    unrestored value (dozens of warning lines) under the one-line error once the run's objects
+    are deleted. TensorFlow keeps the restore in a private `_CheckpointRestoreCoordinator`
+    (TF 2.x, checked on 2.21); without it, nothing is done."""
+    import gc
+
+    from tensorflow.python.checkpoint import checkpoint as tf_checkpoint
+
+    coordinator = getattr(tf_checkpoint, "_CheckpointRestoreCoordinator", None)
+    if coordinator is None:
+        return
+    for obj in gc.get_objects():  # (a failed restore only: ~0.1 s)
+        if issubclass(type(obj), coordinator) and obj.save_path_string == prefix:
+            obj.expect_partial = True
 
 
 def _damaged(error: BaseException) -> bool:

@@ -258,6 +258,7 @@ def server_answers(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         raise ConnectionError(f"no MLflow server answers at {uri} within {timeout:g} s "
                               f"({e.strerror or type(e).__name__})") from None
 
+
 def param_value(value: Any) -> str:
     """A config leaf as a param: a string as it is, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value)

@@ -194,6 +194,10 @@ def test_a_val_monitor_without_validation_and_a_resumed_stateful_callback_are_sa
     check_monitors(every, {"accuracy": True}, validation=False)
     check_monitors(every, {"accuracy": True}, trainer=OmegaConf.create({"validate_every": 0,
                                                                         "epochs": 4}))
+    named_by_val = {"callbacks.mc": keras.callbacks.ModelCheckpoint(  # names its val_loss
+        str(tmp_path / "m-{val_loss:.2f}.keras"))}
+    with pytest.raises(ConfigError, match=r"^callbacks.mc.monitor=val_loss needs a"):
+        check_monitors(named_by_val, {"accuracy": True}, validation=False)
     with pytest.raises(ConfigError, match=r"^callbacks.best.monitor=val_loss needs a"):
         check_monitors({"callbacks.best": keras.callbacks.ModelCheckpoint(
             str(tmp_path / "m.keras"), save_best_only=True)}, {"accuracy": True},

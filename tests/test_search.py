@@ -75,6 +75,21 @@ def _assert_pruned(job: Path) -> None:
 # --------------------------------------------------------------------------- fast
 
 
+def test_a_refused_space_is_described_in_hydras_grammar():
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
+
+    from hydra_plugins.distlab_sweepers.optuna import _described
+
+    assert _described(CategoricalDistribution([32, 64])) == "choice(32,64)"
+    assert _described(FloatDistribution(1e-4, 0.1)) == "interval(0.0001, 0.1)"
+    assert _described(FloatDistribution(1e-4, 0.1, log=True)) == "tag(log, interval(0.0001, 0.1))"
+    assert _described(IntDistribution(1, 9, step=2)) == "range(1, 9, 2)"
+
+
 def test_search_space_in_hydras_override_grammar():
     """What users write under hydra.sweeper.params, as Optuna distributions."""
     from optuna.distributions import (

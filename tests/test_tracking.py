@@ -376,6 +376,11 @@ def test_a_tracking_server_that_does_not_answer_is_one_warning_within_seconds(
                              f"answers at {uri} within 10 s"), warned
     assert "training goes on without it" in warned
     server_answers("sqlite:///x.db")  # other stores: nothing to probe
+    with pytest.MonkeyPatch.context() as mp:  # behind a proxy, as MLflow's client reaches it
+        mp.setenv("http_proxy", "http://proxy.invalid:3128")
+        mp.delenv("no_proxy", raising=False)
+        mp.delenv("NO_PROXY", raising=False)
+        server_answers(uri)
     with socket.socket() as server:  # a server that accepts: passes
         server.bind(("127.0.0.1", 0))
         server.listen()

@@ -195,8 +195,8 @@ def _checked_features(name: str, info: tfds.core.DatasetInfo, keys: Any) -> tupl
                                f"{name}; its features: {available}")
     if y in (x if isinstance(x, list) else [x]):
         raise DistlabError(f"dataset.features.label={y!r} is also in dataset.features.input: "
-                           f"the model would be given its label; choose another input of "
-                           f"{name} ({available})")
+                           f"the model would be given its label; choose other inputs of "
+                           f"{name}")
     return x, y
 
 

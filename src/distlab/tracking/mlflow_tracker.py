@@ -242,14 +242,17 @@ def store_uri(uri: str) -> str:
 
 def server_answers(uri: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Raise ConnectionError, naming `uri`, if its http(s) server accepts no connection within
-    `timeout` seconds (MLflow's client retries 7 times with backoff: minutes); other stores
-    pass."""
+    about `timeout` seconds (MLflow's client retries 7 times with backoff: minutes); other
+    stores, and a server behind a proxy (HTTP(S)_PROXY), pass."""
     import socket
     from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
 
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return
+    if getproxies().get(parts.scheme) and not proxy_bypass(parts.hostname):
+        return  # reached through a proxy, as MLflow's client reaches it: not probed
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         with socket.create_connection((parts.hostname, port), timeout=timeout):

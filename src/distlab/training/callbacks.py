@@ -75,9 +75,9 @@ def check_monitors(named: dict[str, keras.callbacks.Callback], higher: dict[str,
         if not _unused_default(callback):
             if monitor.startswith("val_") and not validation:
                 raise needs_validation(f"{key}.monitor", monitor)
+            check_figure(f"{key}.monitor", monitor, figures, "per-epoch figure of this run")
             if monitor.startswith("val_") and trainer is not None:
                 check_validated(f"{key}.monitor", monitor, trainer)
-            check_figure(f"{key}.monitor", monitor, figures, "per-epoch figure of this run")
         if getattr(callback, "mode", None) == "auto":
             callback.mode = metric_direction(monitor, "auto", higher)
 
@@ -86,7 +86,8 @@ def _unused_default(callback: keras.callbacks.Callback) -> bool:
     """A ModelCheckpoint's default monitor (val_loss) while it saves at every epoch: it never
     reads it, so a run without validation (or validating on some epochs) may have it."""
     return (isinstance(callback, keras.callbacks.ModelCheckpoint)
-            and not callback.save_best_only and callback.monitor == "val_loss")
+            and not callback.save_best_only and callback.monitor == "val_loss"
+            and "{val_" not in str(callback.filepath))
 
 
 def chief_only(callback: Any, node: Any = None) -> bool:

@@ -181,8 +181,8 @@ class Checkpoints:
 
         They are restored into a twin of the model (same builder, outside any strategy
         scope), then copied. Restored into exp.model itself, the checkpoint's other objects
-        under it would stay pending there: a `loop=keras_fit` checkpoint also holds
-        model.optimizer (compile attaches it), which TensorFlow would restore into the
+        under it would stay pending there: a checkpoint also holds
+        model.optimizer (compile, or the loop, attaches it), which TensorFlow would restore into the
         optimizer a later compile attaches, this config's (other slots or shapes: an error)."""
         exp = self.exp
         twin = models.build_for(exp.cfg.model, exp.data, exp.model_outputs)
@@ -225,8 +225,10 @@ def _expect_partial(prefix: str) -> None:
     (TF 2.x, checked on 2.21); without it, nothing is done."""
     import gc
 
-    from tensorflow.python.checkpoint import checkpoint as tf_checkpoint
-
+    try:
+        from tensorflow.python.checkpoint import checkpoint as tf_checkpoint
+    except ImportError:
+        return
     coordinator = getattr(tf_checkpoint, "_CheckpointRestoreCoordinator", None)
     if coordinator is None:
         return

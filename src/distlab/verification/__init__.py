@@ -58,7 +58,7 @@ def verify(overrides: Sequence[str] = (), config_dir: str | Path | None = None, 
     from distlab.config.store import config_dir_problem
 
     for value, flag in ((config_dir, "config_dir"), (config_path, "config_path")):
-        if value is not None and not str(value).startswith("pkg://") \
+        if value is not None and not (flag == "config_path" and str(value).startswith("pkg://")) \
                 and (problem := config_dir_problem(value, flag)):
             return Report([], None, given, error=problem)  # (as distlab.train's)
     try:

@@ -87,7 +87,6 @@ class DistlabOptunaSweeper(Sweeper):
               config: DictConfig) -> None:
         from hydra.core.plugins import Plugins
 
-        from distlab.config.checks import check_objective_needs
         from distlab.config.figures import check_search_objective
         from distlab.errors import ConfigError
         from distlab.launch.objective import task_metrics
@@ -99,7 +98,7 @@ class DistlabOptunaSweeper(Sweeper):
         higher = task_metrics(job_cfg)
         check_search_objective(job_cfg.get("objective"), str(job_cfg.task.get("name")),
                                list(higher), has_validation(job_cfg))
-        check_objective_needs(job_cfg)  # (a field no trial could write: every trial failed)
+        self._job_cfg = job_cfg
         if str(self.direction) == AUTO:
             self.direction = direction(job_cfg, higher)
         if self.direction not in ("maximize", "minimize"):
@@ -151,6 +150,10 @@ class DistlabOptunaSweeper(Sweeper):
         if self.repeats > 1 and "seed" in fixed:
             self._seed = int(fixed.pop("seed"))
         self._space, self._fixed = space, fixed
+        if not any(k.startswith(("trainer.", "objective")) for k in [*space, *fixed]):
+            from distlab.config.checks import check_objective_needs
+
+            check_objective_needs(self._job_cfg)  # (a field no trial could write)
         self._location = storage_location(self.storage, self._sweep_dir)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
@@ -196,7 +199,9 @@ class DistlabOptunaSweeper(Sweeper):
                         "new trial is asked in its place", number,
                         ", ".join(sorted(set(space) - set(trials[number].params))))
         self._pending = [t.number for t in running if t.number not in unfit]
-        self._planned = max(0, self.n_trials - len(trials)) + len(unfit)  # new trials to ask
+        # new trials to ask for (a failed unfit one is replaced, within n_trials)
+        self._planned = max(0, self.n_trials - (len(trials) - len(unfit)))
+        trials = study.get_trials(deepcopy=False)  # (the unfit ones, failed)
         self._failures = sum(t.state == optuna.trial.TrialState.FAIL for t in trials)
         self._finished = sum(t.state.is_finished() for t in trials)
         self._stop = False
@@ -416,9 +421,12 @@ def _objective_field(config: DictConfig) -> str:
 
 
 def _described(distribution: Any) -> str:
-    """An Optuna distribution as a user wrote it: choice(...), or its range."""
+    """An Optuna distribution in Hydra's grammar, as a user writes it: choice(...),
+    interval(a, b) or range(a, b, step), tagged log where it is."""
     choices = getattr(distribution, "choices", None)
     if choices is not None:
         return "choice(" + ",".join(map(str, choices)) + ")"
-    low, high = distribution.low, distribution.high
-    return f"{type(distribution).__name__} [{low}, {high}]"
+    step = getattr(distribution, "step", None)
+    span = (f"range({distribution.low}, {distribution.high}, {step})" if step is not None
+            else f"interval({distribution.low}, {distribution.high})")
+    return f"tag(log, {span})" if getattr(distribution, "log", False) else span

@@ -150,7 +150,11 @@ class DistlabOptunaSweeper(Sweeper):
         if self.repeats > 1 and "seed" in fixed:
             self._seed = int(fixed.pop("seed"))
         self._space, self._fixed = space, fixed
-        if not any(k.startswith(("trainer.", "objective")) for k in [*space, *fixed]):
+        # (the command line's values are the job config's; the searched keys and the
+        # sweeper's params are each trial's)
+        per_trial = [*space, *map(str, dict(self.params or {}))]
+        if not any(k.startswith(("objective", "trainer.target", "trainer.best_checkpoint",
+                                 "trainer.early_stopping")) for k in per_trial):
             from distlab.config.checks import check_objective_needs
 
             check_objective_needs(self._job_cfg)  # (a field no trial could write)

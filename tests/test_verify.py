@@ -102,16 +102,20 @@ def test_a_bad_verify_setting_is_one_line():
     assert "\n" not in report.error
 
 
-def test_a_config_dir_that_is_no_directory_is_one_line(tmp_path, capsys):
+def test_a_config_dir_that_is_no_directory_is_one_line(tmp_path, capsys, monkeypatch):
     """As run.py's and distlab.train's: never the default configs verified instead."""
-    from distlab.verification.command import main
+    from distlab import cli
 
     missing = tmp_path / "nope"
     report = distlab.verify(["verify.checks=[data]"], config_dir=missing)
     assert report.exit_code == 2 and report.rows == [] and report.json_path is None
     assert report.error.startswith(f"config_dir {missing}: no directory {missing} (check the "
                                    "path)") and "\n" not in report.error
-    assert main(["--config-dir", str(missing), "verify.checks=[data]"]) == 2
+    monkeypatch.setattr(cli.sys, "argv", ["distlab", "verify", "--config-dir", str(missing),
+                                          "verify.checks=[data]"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
     assert capsys.readouterr().err == (f"error: --config-dir {missing}: no directory {missing} "
                                        "(check the path); configs shipped in an installed "
                                        "package (a distlab.configs entry point) need none\n")

@@ -140,6 +140,9 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     `config_path`: the primary config directory, as an absolute path or a `pkg://` package.
     A run dir named on the command line that cannot be created is one error line, exit 1.
     """
+    if problem := check_config_dir_args(sys.argv[1:]):  # (`distlab verify` takes it too)
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     if sys.argv[1:2] == ["verify"]:  # `distlab verify OVERRIDES`: distlab.verification
         from distlab.verification.command import main as verify
 
@@ -148,9 +151,6 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
     register_configs()
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")
-    if problem := check_config_dir_args(sys.argv[1:]):
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
     app = hydra.main(version_base="1.3", config_path=config_path, config_name="config")(hydra_job)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's traceback
         return app()

@@ -53,6 +53,16 @@ def schema_names() -> dict[str, type]:
             for group, options in GROUP_SCHEMAS.items() for option, node in options.items()}
 
 
+def config_dirs_problem(config_dir: str | os.PathLike | None,
+                        config_path: str | os.PathLike | None) -> str | None:
+    """Why an API call's `config_dir` or `config_path` (distlab.train, distlab.verify) is no
+    directory, or None."""
+    for value, flag in ((config_dir, "config_dir"), (config_path, "config_path")):
+        if value is not None and (problem := config_dir_problem(value, flag)):
+            return problem
+    return None
+
+
 def config_dir_problem(value: str | os.PathLike, flag: str = "--config-dir") -> str | None:
     """Why a user config dir (`--config-dir`, `distlab.train(config_dir=...)`: `flag`) is
     no directory, or None. A relative one is taken from the current directory, as Hydra

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.config import register_configs
-from distlab.config.store import config_dir_problem
+from distlab.config.store import config_dirs_problem
 from distlab.errors import DistlabError, composition_error, hydra_value
 from distlab.launch.job import USER_ERROR, Results, run
 from distlab.launch.worker_dir import non_chief, own_dir
@@ -35,9 +35,7 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
     problem = (f"distlab.train takes overrides, not the command's flags ({flags[0]}): "
                "--config-dir DIR is config_dir=DIR; -m (a sweep) and --cfg have no "
                "distlab.train form (call it once per job)" if flags else
-               config_dir_problem(config_dir, "config_dir") if config_dir is not None else
-               config_dir_problem(config_path, "config_path") if config_path is not None
-               else None)
+               config_dirs_problem(config_dir, config_path))
     if problem:
         return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=problem)
     if config_dir is not None and config_path is None \

@@ -55,12 +55,10 @@ def verify(overrides: Sequence[str] = (), config_dir: str | Path | None = None, 
     exits; Ctrl-C (KeyboardInterrupt) is raised, with no verify.json."""
     started = time.time()
     given = [str(o) for o in overrides]
-    from distlab.config.store import config_dir_problem
+    from distlab.config.store import config_dirs_problem
 
-    for value, flag in ((config_dir, "config_dir"), (config_path, "config_path")):
-        if value is not None and not (flag == "config_path" and str(value).startswith("pkg://")) \
-                and (problem := config_dir_problem(value, flag)):
-            return Report([], None, given, error=problem)  # (as distlab.train's)
+    if problem := config_dirs_problem(config_dir, config_path):  # as distlab.train's
+        return Report([], None, given, error=problem)
     try:
         run_overrides, options = split_overrides(given)
     except DistlabError as e:

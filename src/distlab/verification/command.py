@@ -34,12 +34,8 @@ def main(args: list[str], config_path: str | None = None) -> int:
             return 2
         else:
             overrides.append(arg)
-    from distlab.config.store import config_dir_problem
     from distlab.verification import verify
 
-    if config_dir is not None and (problem := config_dir_problem(config_dir)):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     started: list[Path] = []
 
     def start(scratch: Path) -> None:

@@ -437,12 +437,12 @@ def refusal_in_process(out: Path, *overrides: str) -> str:
     from omegaconf.errors import OmegaConfBaseException
 
     import distlab
-    from distlab.errors import composition_error
+    from distlab.config.checks import composition_problem
 
     try:
         cfg = compose(list(overrides))
     except (HydraException, OmegaConfBaseException) as e:
-        return composition_error(e)
+        return composition_problem(e)
     with runner_refused() as guard:
         results = distlab.run(cfg, output_dir=out)
     assert not guard.asked, f"{overrides}: TensorFlow's side imported before the refusal"

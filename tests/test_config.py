@@ -247,11 +247,33 @@ def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
     (["+trainer.target.metrc=val_accuracy"], "did you mean trainer.target.metric?"),
     (["+dataset.bogus=1"], "dataset.bogus is not a key of dataset (name: mnist)"),
     (["model=mlp", "+model.widht=3"], "model.widht is not a key of model (name: mlp)"),
+    # a key of another group: that key, not a sibling with a close name (steps_per_epoch)
+    (["+trainer.steps_per_execution=4"], "did you mean loop.steps_per_execution?"),
 ])
 def test_a_key_added_where_nothing_reads_it_is_refused(args, needle, tmp_path):
     error = refusal_in_process(tmp_path / "run", *args)
     assert needle in error, error
     assert ("did you mean" in needle) == ("did you mean" in error), error  # siblings only
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["trainer.steps_per_execution=4"],
+     "trainer.steps_per_execution is not a key of trainer: did you mean "
+     "loop.steps_per_execution?"),
+    (["loop=custom", "loop.epochs=4"], "loop.epochs is not a key of loop: did you mean "
+     "trainer.epochs?"),
+    (["trainer.early_stopping.metrc=val_loss"], "did you mean trainer.early_stopping.metric?"),
+    (["dataset.augment.flp=horizontal"], "did you mean dataset.augment.flip?"),
+    (["model=mlp", "model.widht=3"], "model.widht is not a key of model ("),
+    (["foo.bar=1"], "To append to your config use +foo.bar=1"),  # a top-level key of one's own
+])
+def test_an_unknown_key_of_distlabs_gets_the_key_it_likely_meant_not_hydras_plus(args, needle,
+                                                                                  tmp_path):
+    """Hydra's advice for a key its schema lacks is `+key=...`, which distlab then refuses as
+    read by nothing: for distlab's own nodes, the line names the key meant instead."""
+    error = refusal_in_process(tmp_path / "run", *args)
+    assert needle in error, error
+    assert ("To append" in needle) == ("To append" in error), error
 
 
 def test_keys_of_ones_own_are_left_alone():

@@ -47,13 +47,13 @@ def checks_before_training(line: list[str], out: Path) -> str | None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from distlab.errors import composition_error
+    from distlab.config.checks import composition_problem
     from distlab.records.run_dir import RunDir
 
     try:
         cfg = compose(line)
     except (HydraException, OmegaConfBaseException) as e:
-        error = composition_error(e)
+        error = composition_problem(e)
         assert error and "\n" not in error and "Traceback" not in error, (line, error)
         return f"composing: {error}"
 

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from distlab.config import validate
-from distlab.errors import ConfigError, composition_error
+from distlab.config.checks import composition_problem
+from distlab.errors import ConfigError
 
 
 def _one_line_refusal(tmp_path, *overrides: str) -> str:
@@ -68,7 +69,7 @@ def test_bad_values_are_one_line_naming_the_key(overrides, needle):
     except ConfigError as e:
         line = str(e)
     except (HydraException, OmegaConfBaseException) as e:
-        line = composition_error(e)
+        line = composition_problem(e)
     else:
         raise AssertionError(f"{overrides} accepted")
     assert needle in line and "\n" not in line, line

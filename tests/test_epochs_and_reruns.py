@@ -103,6 +103,26 @@ def test_checkpoints_are_numbered_by_training_steps_and_old_ones_resume(
     assert resumed["status"] == "completed" and resumed["checkpoint"].endswith("/ckpt-15")
     assert _checkpoints(tmp_path / "b")[-2:] == ["ckpt-10", "ckpt-15"]
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+    assert "trains differently from an uninterrupted run" not in caplog.text
+
+
+def test_a_resume_on_another_replica_count_says_it_trains_differently(run_inprocess, tmp_path,
+                                                                      caplog):
+    """As a run dir moved to a machine with other GPUs (or resumed on other workers) would:
+    the earlier attempt's results say 2 replicas, a global batch of 128; this one has 1."""
+    import json
+    import logging
+
+    args = ("strategy=default", "trainer.steps_per_epoch=3", "trainer.validate_every=0")
+    first = run_inprocess(*args, "trainer.epochs=1", out=tmp_path / "run")
+    assert (first["num_replicas"], first["global_batch_size"]) == (1, 64)
+    moved = {**first, "num_replicas": 2, "global_batch_size": 128}
+    (tmp_path / "run" / "results.json").write_text(json.dumps(moved))
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        resumed = run_inprocess(*args, "trainer.epochs=2", out=tmp_path / "run")
+    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 2
+    assert ("resuming on 1 replica(s), a global batch of 64: the run trained on 2 replica(s), "
+            "a global batch of 128, so from here it trains differently") in caplog.text
 
 
 def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):

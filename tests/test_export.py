@@ -46,6 +46,34 @@ def test_saved_model_cli_on_raw_images_reproduces_test_accuracy(tiny_data_dir, t
     assert loss == pytest.approx(results["test_loss"], abs=1e-5)
 
 
+def test_a_completed_run_rerun_with_export_exports_its_final_model(tmp_path, run_inprocess,
+                                                                    caplog):
+    """The run's stages after training are completed again (final figures, then the
+    export), nothing is trained; a rerun of the exported run is already completed."""
+    import tensorflow as tf
+
+    from distlab.records.run_dir import RunDir
+
+    run_dir, common = tmp_path / "run", ("trainer.epochs=2", "trainer.steps_per_epoch=2",
+                                         "model=mlp", "model.hidden_units=[8]")
+    first = run_inprocess(*common, out=run_dir)  # (trainer.export=false: fast_overrides)
+    history = RunDir(run_dir).read_history()
+    assert first["status"] == "completed" and "saved_model" not in first
+    caplog.set_level(logging.INFO, logger="distlab")
+    again = run_inprocess(*common, "trainer.export=true", out=run_dir)
+    assert "completed without an export; trainer.export=true: exporting" in caplog.text
+    assert (again["status"], again["saved_model"], again["epochs_completed"]) == (
+        "completed", "saved_model", 2)
+    assert again["export_max_abs_diff"] < 1e-5
+    for key in ("test_loss", "test_accuracy", "val_loss", "train_examples_per_sec"):
+        assert again[key] == pytest.approx(first[key], rel=1e-6), key
+    assert RunDir(run_dir).read_history() == history  # no epoch trained again
+    assert "serving_default" in tf.saved_model.load(str(run_dir / "saved_model")).signatures
+    caplog.clear()
+    assert run_inprocess(*common, "trainer.export=true", out=run_dir)["saved_model"]
+    assert "already completed 2 epoch(s); not retraining" in caplog.text
+
+
 @pytest.mark.parametrize("loop", ["keras_fit", "custom"])
 def test_a_callback_saves_the_whole_model_in_both_loops(loop, tmp_path, run_inprocess):
     """keras.callbacks.ModelCheckpoint to .keras (the model with its optimizer): the same in

@@ -69,6 +69,18 @@ def test_results_json_is_assembled_from_the_field_list():
         results.assemble({"status": "completed", "throughput": 3.0})
 
 
+@pytest.mark.parametrize("option, written", [
+    ("mirrored", "MirroredStrategy"), ("default", "DefaultStrategy"),
+    ("multi_worker_mirrored", "MultiWorkerMirroredStrategy"),
+    ("auto", None), ("my_strategy", None)])  # a class decided by the devices, or a user's
+def test_a_failed_run_names_its_strategy_as_a_completed_one_does(option, written):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"strategy": {"name": option}, "loop": {"name": "custom"}})
+    failed = results.failed_results(cfg, "refused", started=0.0)
+    assert (failed["status"], failed["strategy"], failed["loop"]) == ("failed", written, "custom")
+
+
 @pytest.mark.slow  # trains 3 steps, then evaluates the checkpoint
 def test_a_real_run_and_its_evaluation_write_only_fields_of_their_declared_types(
         run_inprocess, run_once, tmp_path):

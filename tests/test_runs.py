@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fast_overrides, run_cli
+from conftest import fast_overrides, refusal_in_process, run_cli
 
 from distlab.records.fields import COMPLETED, is_field
 from distlab.records.run_dir import HISTORY_COLUMNS, RunDir
@@ -215,12 +215,17 @@ def test_a_device_that_does_not_exist_is_refused(run_inprocess, run_once, tmp_pa
     assert _one_device_cpu1(run_once)["status"] == "completed"  # (keras_fit's: the cadence)
 
 
-def test_jit_compile_over_several_logical_cpus_is_refused(run_inprocess, tmp_path):
-    # strategy=mirrored without cpu_devices takes every logical CPU of this test process (3)
-    with pytest.raises(SystemExit):
-        run_inprocess("loop.jit_compile=true", out=tmp_path / "j")
-    error = json.loads((tmp_path / "j" / "results.json").read_text())["error"]
+def test_jit_compile_over_several_logical_cpus_is_refused(tmp_path):
+    error = refusal_in_process(tmp_path / "j", "loop.jit_compile=true", "strategy.cpu_devices=3")
     assert "loop.jit_compile=true" in error and "strategy.cpu_devices=1" in error
+
+
+def test_mirrored_without_cpu_devices_has_one_replica_in_a_process_already_split(run_once):
+    """strategy.cpu_devices=null is the one CPU device a fresh process has, also in a process
+    whose CPU an earlier job (or this test session: 3 logical CPUs) split: a later in-process
+    job (a basic-launcher sweep, distlab.train called again) trains as it would alone."""
+    results, _ = run_once()
+    assert (results["strategy"], results["num_replicas"]) == ("MirroredStrategy", 1)
 
 
 def test_history_loss_has_one_definition_in_both_loops(run_once):

@@ -244,3 +244,27 @@ def test_a_search_analysis_that_cannot_be_made_is_one_line(tmp_path, monkeypatch
                      "(needs 3.6 or newer)"], lines
     assert "## Search" not in (tmp_path / "summary.md").read_text()
     assert not (tmp_path / search.IMPORTANCE_CSV).exists()
+
+
+def test_a_summary_claims_no_objective_no_job_reported_nor_a_setting_a_failed_job_lacks(
+        tmp_path):
+    """Jobs that all failed before their results name no objective: the summary says so
+    (it named `val_accuracy (maximized)` before). A setting is "same in every job" only
+    when every job reported it: a failed job's global batch is not known."""
+    for num in range(2):
+        _fake_job(tmp_path / "all_failed", num, [f"seed={num}"],
+                  {"status": "failed", "error": "refused", "batch_size_per_replica": 64})
+    SweepSummary(plot=False).summarise(tmp_path / "all_failed")
+    md = (tmp_path / "all_failed" / "summary.md").read_text()
+    assert "Objective: none, no job got as far as reporting its objective." in md, md
+    assert "maximized" not in md and "Same in every job: batch/replica 64." in md, md
+
+    done = {"status": "completed", "objective": "val_loss", "val_loss": 0.5,
+            "batch_size_per_replica": 64, "global_batch_size": 128}
+    _fake_job(tmp_path / "one_failed", 0, ["seed=0"], done)
+    _fake_job(tmp_path / "one_failed", 1, ["seed=1"],
+              {"status": "failed", "error": "refused", "batch_size_per_replica": 64})
+    SweepSummary(plot=False).summarise(tmp_path / "one_failed")
+    md = (tmp_path / "one_failed" / "summary.md").read_text()
+    assert "Objective: `val_loss` (minimized)" in md, md
+    assert "Same in every job: batch/replica 64." in md and "| global batch |" in md, md

@@ -102,6 +102,14 @@ def test_a_bad_verify_setting_is_one_line():
     assert "\n" not in report.error
 
 
+def test_a_dataset_that_cannot_be_found_is_one_line_not_a_failed_row_per_check(tmp_path):
+    for overrides, says in ((["dataset.name=no_such_ds"], "dataset.name='no_such_ds' is not"),
+                            ([f"dataset.data_dir={tmp_path / 'nope'}"], "is not a directory")):
+        report = distlab.verify(overrides)
+        assert report.exit_code == 2 and report.rows == [] and report.json_path is None
+        assert says in report.error and "\n" not in report.error, report.error
+
+
 def test_a_config_dir_that_is_no_directory_is_one_line(tmp_path, capsys, monkeypatch):
     """As run.py's and distlab.train's: never the default configs verified instead."""
     from distlab import cli

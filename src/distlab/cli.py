@@ -24,8 +24,9 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
+from distlab.config.checks import composition_problem  # noqa: E402
 from distlab.config.store import PACKAGE_CONFIG_PATH, config_dir_problem  # noqa: E402
-from distlab.errors import DistlabError, composition_error  # noqa: E402
+from distlab.errors import DistlabError  # noqa: E402
 from distlab.records.run_dir import RunDir, check_output_dir_args  # noqa: E402
 
 log = logging.getLogger("distlab")
@@ -161,7 +162,7 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         app()
         end_process_now()
     except (HydraException, OmegaConfBaseException) as e:
-        print(f"error: {composition_error(e)}", file=sys.stderr)
+        print(f"error: {composition_problem(e)}", file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:  # `python run.py --help | head`: the reader has gone
         devnull = os.open(os.devnull, os.O_WRONLY)  # (the exit's flush would fail again)

@@ -68,12 +68,13 @@ def configure_devices(cfg: DictConfig) -> None:
 
 
 def _local_devices(cfg: DictConfig) -> list[str]:
-    """All local GPUs; without GPUs, the first `cpu_devices` logical CPUs (null: all)."""
+    """All local GPUs; without GPUs, the first `cpu_devices` logical CPUs (null: the first,
+    the one CPU device a fresh process has, also in a process an earlier job split)."""
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return [d.name for d in gpus]
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-    return cpus[: cfg.cpu_devices] if cfg.cpu_devices else cpus
+    return cpus[: cfg.cpu_devices or 1]
 
 
 def default(cfg: DictConfig) -> tf.distribute.Strategy:

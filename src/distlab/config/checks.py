@@ -11,7 +11,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from distlab.config.figures import check_objective, check_task_metrics, check_watched
 from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, SEED, Config, Rule
-from distlab.errors import ConfigError, DistlabError
+from distlab.errors import ConfigError, DistlabError, composition_error
 from distlab.records.metrics import BUILTIN_METRICS, builtin_task_metrics
 
 JIT_ON_LOGICAL_CPUS = (
@@ -277,11 +277,59 @@ def check_unknown_keys(cfg: DictConfig) -> None:
                                            builtin).items():
         parent, _, last = key.rpartition(".")
         siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
-        close = difflib.get_close_matches(last, siblings, n=1)
-        hint = f"did you mean {parent}.{close[0]}? " if close else ""
+        close = [f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=1)]
+        close = declared_elsewhere(key) or close
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise ConfigError(f"{key} is not a key of {option} and no interpolation uses it, so "
                           f"nothing would read it: {hint}remove it (`python run.py --cfg job` "
                           "shows every key there is)")
+
+
+def declared_elsewhere(key: str) -> list[str]:
+    """The keys of distlab's schemas with `key`'s last name under another node
+    (`trainer.steps_per_execution`: `loop.steps_per_execution`), for a key put in the wrong
+    group; none when more than two nodes have it (`name`: every group's)."""
+    parent, _, last = key.rpartition(".")
+    found = sorted(k for k in _rules() if k.rpartition(".")[2] == last
+                   and k.rpartition(".")[0] != parent)
+    return found if len(found) <= 2 else []
+
+
+def _nodes(schema: type) -> dict[str, type]:
+    """{name: dataclass} of the dataclasses under `schema` (trainer, trainer.early_stopping)."""
+    found = {}
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.default_factory):
+            found |= {f.default_factory.__name__: f.default_factory, **_nodes(f.default_factory)}
+    return found
+
+
+_SCHEMAS = _nodes(Config)  # a node's schema by name (not the top level's: a key of the user's)
+for _options in GROUP_SCHEMAS.values():
+    for _schema in _options.values():
+        _SCHEMAS |= {_schema.__name__: _schema, **_nodes(_schema)}
+_NOT_IN_SCHEMA = re.compile(r"Could not override '([\w.]+)'.*Key '\w+' not in '(\w+)'", re.S)
+
+
+def composition_problem(error: BaseException) -> str:
+    """A Hydra composition error as one line (`errors.composition_error`). An override of a
+    key that the schema of one of distlab's nodes lacks gets, in place of Hydra's advice to
+    add it with `+` (which `check_unknown_keys` would then refuse), the key it most likely
+    meant: the same name in another group (`loop.steps_per_execution`), else a close name in
+    the node's own schema."""
+    import difflib
+
+    line = composition_error(error)
+    found = _NOT_IN_SCHEMA.search(f"{error}\n{error.__cause__ or ''}")
+    if not found or found.group(2) not in _SCHEMAS:
+        return line
+    key = found.group(1)
+    parent, _, last = key.rpartition(".")
+    siblings = [k for k in _rules(_SCHEMAS[found.group(2)]) if "." not in k]
+    close = declared_elsewhere(key) or [
+        f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=1)]
+    hint = f": did you mean {' or '.join(close)}?" if close else ""
+    return f"{key} is not a key of {parent}{hint} (`python run.py --cfg job` shows every key)"
 
 
 def _distlab_option(cfg: DictConfig, key: str) -> bool:

@@ -10,8 +10,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from distlab.config import register_configs
+from distlab.config.checks import composition_problem
 from distlab.config.store import config_dirs_problem
-from distlab.errors import DistlabError, composition_error, hydra_value
+from distlab.errors import DistlabError, hydra_value
 from distlab.launch.job import USER_ERROR, Results, run
 from distlab.launch.worker_dir import non_chief, own_dir
 from distlab.records.run_dir import RunDir
@@ -83,7 +84,7 @@ def _compose(overrides: list[str], config_dir: str | Path | None = None,
         with context:
             return compose("config", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as e:  # as the command: one line
-        raise DistlabError(composition_error(e)) from None
+        raise DistlabError(composition_problem(e)) from None
     finally:
         GlobalHydra.instance().clear()
         if outer is not None:

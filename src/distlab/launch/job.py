@@ -48,7 +48,7 @@ from distlab.errors import (
 )
 from distlab.errors import message as error_message
 from distlab.launch import refusals, workers
-from distlab.launch.rerun import already_completed, rerun_refusal
+from distlab.launch.rerun import already_completed, export_missing, rerun_refusal
 from distlab.records.fields import is_field
 from distlab.records.results import failed_results, objective_value
 from distlab.records.run_dir import RunDir, RunDirBusy
@@ -160,8 +160,11 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                 refusal += (f" (precision=auto chose {cfg.precision} here: give the run's "
                             "precision to resume it on this machine)")
             previous = run_dir.read_results()
-            verdict = ("refused" if refusal else
-                       "completed" if already_completed(previous, cfg) else "train")
+            verdict = ("refused" if refusal else "train" if export_missing(previous, cfg)
+                       else "completed" if already_completed(previous, cfg) else "train")
+            if verdict == "train" and already_completed(previous, cfg):
+                log.info("%s completed without an export; trainer.export=true: exporting its "
+                         "final model", run_dir.path)
         strategy = None
         if worker.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
             from distlab.distribute import multi_worker

@@ -24,6 +24,13 @@ def already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
                      or bool(previous.get("stopped_early"))))
 
 
+def export_missing(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
+    """Whether a completed run is rerun with `trainer.export=true` and has no export: the
+    rerun completes its stages after training again (the final figures, then the export)."""
+    return bool(previous and cfg.trainer.export and previous.get("status") == "completed"
+                and not previous.get("saved_model"))
+
+
 def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") -> str | None:
     """Why this run must not go into `run_dir` (which may hold an earlier run), or None.
 

@@ -39,6 +39,13 @@ def with_objective_value(results: dict[str, Any]) -> dict[str, Any]:
     return assemble({**results, "objective_value": None})
 
 
+# the class name (the field's value in a run that made its strategy) that an option always
+# makes; `auto` and a user's option: null in a failed run, which may not have made one
+_STRATEGY_CLASSES = {"default": "DefaultStrategy", "one_device": "OneDeviceStrategy",
+                     "mirrored": "MirroredStrategy",
+                     "multi_worker_mirrored": "MultiWorkerMirroredStrategy"}
+
+
 def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any]:
     """A failed job's results.json: the fields its config knows, and the error."""
     dataset = cfg.get("dataset", {})
@@ -47,7 +54,7 @@ def failed_results(cfg: DictConfig, error: str, started: float) -> dict[str, Any
         "error": error,
         "mode": cfg.get("mode"),
         "loop": cfg.get("loop", {}).get("name"),
-        "strategy": cfg.get("strategy", {}).get("name"),
+        "strategy": _STRATEGY_CLASSES.get(cfg.get("strategy", {}).get("name")),
         "dataset": dataset.get("name"),
         "batch_size_per_replica": dataset.get("batch_size_per_replica"),
         "wall_time_s": time.time() - started,

@@ -140,7 +140,12 @@ class SweepSummary(Callback):
         swept = swept_keys(jobs)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         objective = objective or next((str(j.results["objective"]) for j in jobs
-                                       if j.results.get("objective")), figure_fields(jobs)[0])
+                                       if j.results.get("objective")), "")
+        # else the task's first figure (jobs of an earlier distlab wrote no objective), or,
+        # when no job has a figure either (every one failed early), none named
+        named = bool(objective) or any(k.startswith(("val_", "test_"))
+                                       for j in jobs for k in j.results)
+        objective = objective or figure_fields(jobs)[0]
         if maximize is None:
             maximize = _maximize(jobs, objective)
         table = rows(jobs, swept, objective)
@@ -152,7 +157,8 @@ class SweepSummary(Callback):
             written.append(GROUPS_CSV)
         analysis = self.analyse_search(sweep_dir, study_name, objective)
         (sweep_dir / "summary.md").write_text(markdown(jobs, swept, sweep_dir, objective,
-                                                       maximize, groups, analysis.lines))
+                                                       maximize, groups, analysis.lines,
+                                                       named=named))
         written += ["summary.md", *analysis.written]
         extras = []
         if self.plot:

@@ -139,15 +139,18 @@ SETTINGS = [("batch_size_per_replica", "batch/replica"), ("global_batch_size", "
 
 
 def markdown(jobs: Sequence[Job], swept: Sequence[str], sweep_dir: Path, objective: str,
-             maximize: bool, groups: Sequence[Group] = (), sections: Sequence[str] = ()) -> str:
+             maximize: bool, groups: Sequence[Group] = (), sections: Sequence[str] = (),
+             named: bool = True) -> str:
     """summary.md: a headline naming the best configuration (on the objective: a validation
     figure), the shared overrides and settings, the repeats' table when jobs differ only in
     seed (`groups`, ranked), more `sections` (lines: a search's analysis), then one row per
-    job showing only what differs between jobs."""
+    job showing only what differs between jobs. `named`: whether the objective is the
+    sweep's or a job's (else no job reported one, and the line says so)."""
     way = "maximized" if maximize else "minimized"
     lines = [f"# Sweep {sweep_dir}", "", f"{tally(list(jobs))}.",
              f"Objective: `{objective}` ({way}), each job's value in the column objective "
-             "value."]
+             "value." if named else
+             "Objective: none, no job got as far as reporting its objective."]
     best = _best_line(jobs, swept, objective, maximize, groups)
     if best:
         lines.append(best)
@@ -243,8 +246,9 @@ def _settings(jobs: Sequence[Job]) -> tuple[list[tuple[str, str]], list[tuple[st
     """(the settings that differ between jobs, (label, value) of those every job shares)."""
     shown, same = [], []
     for key, label in SETTINGS:
-        values = {_cell(j.results.get(key)) for j in jobs if j.results.get(key) is not None}
-        if len(values) == 1 and len(jobs) > 1:
+        reported = [j.results.get(key) for j in jobs]
+        values = {_cell(v) for v in reported if v is not None}
+        if len(values) == 1 and len(jobs) > 1 and None not in reported:  # (a failed job's)
             same.append((label, next(j.results[key] for j in jobs
                                      if j.results.get(key) is not None)))
         elif values:

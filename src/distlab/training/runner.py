@@ -201,6 +201,8 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
            user_callbacks: dict[str, keras.callbacks.Callback],
            stop: StopRequest) -> dict[str, Any]:
     initial_epoch, skip_steps = checkpoints.resume()
+    if initial_epoch or skip_steps:
+        _warn_if_other_replicas(exp)
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     controller = Controller(exp, loop, checkpoints, user_callbacks)
     controller.stop = stop  # polled between steps; every other stage is cut short at once
@@ -305,6 +307,19 @@ def _final_figures(loop: Loop) -> dict[str, float | None]:
 
 def _prefixed(prefix: str, figures: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{k}": v for k, v in figures.items()}
+
+
+def _warn_if_other_replicas(exp: Experiment) -> None:
+    """A resume on another number of replicas (another machine's GPUs, another worker count)
+    trains on another global batch from here: allowed, but no longer the run it resumes."""
+    previous = exp.run_dir.read_results() or {}
+    replicas, batch = previous.get("num_replicas"), previous.get("global_batch_size")
+    if batch is not None and batch != exp.data.global_batch_size:
+        log.warning("resuming on %d replica(s), a global batch of %d: the run trained on %s "
+                    "replica(s), a global batch of %d, so from here it trains differently from "
+                    "an uninterrupted run (resume on as many replicas to continue it exactly)",
+                    exp.strategy.num_replicas_in_sync, exp.data.global_batch_size,
+                    replicas, batch)
 
 
 def _warn_if_nothing_to_learn(exp: Experiment, first_step: int) -> None:

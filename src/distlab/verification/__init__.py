@@ -102,6 +102,9 @@ def _session(overrides: list[str], options: Options, config_dir, config_path):
                            "already runs in this process with fewer: run `distlab verify` "
                            "from the command line, or leave the check out "
                            "(verify.checks=[...])")
+    # the data found (a dataset name, its data_dir): else one line, as a run refuses it,
+    # not the same failure in every check's row
+    session.test_rows()
     session.scratch = scratch_dir(options).resolve()
     return session
 

@@ -28,7 +28,8 @@ class RayConfig:
 @dataclass
 class StrategyConfig:
     name: str = MISSING  # default | one_device | mirrored | auto | multi_worker_mirrored
-    # split the host CPU into N logical devices (no GPUs; mirrored/auto then have N replicas)
+    # split the host CPU into N logical devices (no GPUs; mirrored/auto then have N replicas);
+    # null: the one CPU device, also in a process an earlier job split
     cpu_devices: int | None = checked(None, POSITIVE)
     device: str | None = None  # one_device: e.g. "/gpu:0"; null: the first GPU, else the CPU
     # multi-worker: the collective implementation

@@ -249,6 +249,7 @@ def test_cli_bad_input_is_one_clear_message(args, needle, tmp_path):
     (["model=mlp", "+model.widht=3"], "model.widht is not a key of model (name: mlp)"),
     # a key of another group: that key, not a sibling with a close name (steps_per_epoch)
     (["+trainer.steps_per_execution=4"], "did you mean loop.steps_per_execution?"),
+    (["+model.hidden_units=[8]"], "nothing would read it: it is a key of model=mlp; remove it"),
 ])
 def test_a_key_added_where_nothing_reads_it_is_refused(args, needle, tmp_path):
     error = refusal_in_process(tmp_path / "run", *args)
@@ -265,6 +266,9 @@ def test_a_key_added_where_nothing_reads_it_is_refused(args, needle, tmp_path):
     (["trainer.early_stopping.metrc=val_loss"], "did you mean trainer.early_stopping.metric?"),
     (["dataset.augment.flp=horizontal"], "did you mean dataset.augment.flip?"),
     (["model=mlp", "model.widht=3"], "model.widht is not a key of model ("),
+    # a key of the group's other option: that option
+    (["model.hidden_units=[8]"], "model.hidden_units is not a key of model: it is a key of "
+     "model=mlp ("),
     (["foo.bar=1"], "To append to your config use +foo.bar=1"),  # a top-level key of one's own
 ])
 def test_an_unknown_key_of_distlabs_gets_the_key_it_likely_meant_not_hydras_plus(args, needle,

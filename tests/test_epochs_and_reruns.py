@@ -123,6 +123,17 @@ def test_a_resume_on_another_replica_count_says_it_trains_differently(run_inproc
     assert resumed["status"] == "completed" and resumed["epochs_completed"] == 2
     assert ("resuming on 1 replica(s), a global batch of 64: the run trained on 2 replica(s), "
             "a global batch of 128, so from here it trains differently") in caplog.text
+    # a rerun that trains nothing (an export asked since) warns of nothing, and keeps how the
+    # run trained, not how this process would have
+    moved = {**resumed, "num_replicas": 2, "global_batch_size": 128}
+    (tmp_path / "run" / "results.json").write_text(json.dumps(moved))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        exported = run_inprocess(*args, "trainer.epochs=2", "trainer.export=true",
+                                 out=tmp_path / "run")
+    assert "trains differently" not in caplog.text
+    assert (exported["num_replicas"], exported["global_batch_size"]) == (2, 128)
+    assert exported["saved_model"] == "saved_model"
 
 
 def test_a_block_longer_than_the_epoch(run_inprocess, tmp_path):

@@ -173,6 +173,28 @@ STAGES = {"final evaluation": (), "export": ("trainer.export=true",),
                                    "trainer.best_checkpoint.test=true")}
 
 
+def test_an_export_asked_of_a_completed_run_and_cut_short_keeps_the_completed_record(
+        tiny_data_dir, tmp_path, run_inprocess):
+    """A completed run rerun with trainer.export=true runs its stages after training again; a
+    SIGTERM in its export leaves results.json the completed run's, and the rerun that
+    exports keeps what the training attempt measured (its time to target)."""
+    training = ["strategy=default", "trainer.steps_per_epoch=3", "model=mlp",
+                "model.hidden_units=[16]", "trainer.target.metric=val_loss",
+                "trainer.target.value=1000"]  # reached at the first epoch
+    run_dir = tmp_path / "run"
+    first = run_inprocess(*training, out=run_dir)
+    assert (first["status"], first["epochs_to_target"]) == ("completed", 1)
+    assert first["time_to_target_s"] > 0 and "saved_model" not in first
+    args = [*fast_overrides(tiny_data_dir), *training, "trainer.export=true"]
+    returncode, output = signal_at(args, run_dir, "stage:export")
+    assert returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert _results(run_dir) == first  # not downgraded to interrupted, no figure lost
+    exported = run_inprocess(*training, "trainer.export=true", out=run_dir)
+    assert (exported["status"], exported["saved_model"]) == ("completed", "saved_model")
+    for key in ("time_to_target_s", "epochs_to_target", "test_loss", "num_replicas"):
+        assert exported[key] == first[key], key
+
+
 @pytest.mark.parametrize("stage", list(STAGES))
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])
 def test_a_signal_after_training_ends_the_stage_and_the_rerun_completes_it(

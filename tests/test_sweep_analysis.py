@@ -258,6 +258,8 @@ def test_a_summary_claims_no_objective_no_job_reported_nor_a_setting_a_failed_jo
     md = (tmp_path / "all_failed" / "summary.md").read_text()
     assert "Objective: none, no job got as far as reporting its objective." in md, md
     assert "maximized" not in md and "Same in every job: batch/replica 64." in md, md
+    assert {(row["objective"], row["status"]) for row in _csv(
+        tmp_path / "all_failed" / "summary.csv")} == {("", "failed")}
 
     done = {"status": "completed", "objective": "val_loss", "val_loss": 0.5,
             "batch_size_per_replica": 64, "global_batch_size": 128}

@@ -266,8 +266,6 @@ def check_unknown_keys(cfg: DictConfig) -> None:
     a key it does not know, e.g. a misspelt one): nothing would read it. Run once user code is
     loaded: a user option's node is its own (its registered schema checks it). A top-level key
     of the user's own is left alone."""
-    import difflib
-
     from distlab.registry import REGISTRIES
 
     def builtin(group: str, name: Any) -> bool:
@@ -275,14 +273,12 @@ def check_unknown_keys(cfg: DictConfig) -> None:
 
     for key, (option, known) in undeclared(OmegaConf.to_container(cfg, resolve=False),
                                            builtin).items():
-        parent, _, last = key.rpartition(".")
-        siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
-        close = [f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=1)]
-        close = declared_elsewhere(key) or close
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        parent = key.rpartition(".")[0]
+        hint = _meant(key, [k.rpartition(".")[2] for k in known
+                            if k.rpartition(".")[0] == parent])
         raise ConfigError(f"{key} is not a key of {option} and no interpolation uses it, so "
-                          f"nothing would read it: {hint}remove it (`python run.py --cfg job` "
-                          "shows every key there is)")
+                          f"nothing would read it: {hint}{_after(hint)}remove it "
+                          "(`python run.py --cfg job` shows every key there is)")
 
 
 def declared_elsewhere(key: str) -> list[str]:
@@ -293,6 +289,32 @@ def declared_elsewhere(key: str) -> list[str]:
     found = sorted(k for k in _rules() if k.rpartition(".")[2] == last
                    and k.rpartition(".")[0] != parent)
     return found if len(found) <= 2 else []
+
+
+def options_declaring(key: str) -> list[str]:
+    """The group options whose schema declares `key` (`model.hidden_units`: `model=mlp`),
+    for a key of another option than the one chosen."""
+    group, _, rest = key.partition(".")
+    return [f"{group}={name}" for name, schema in GROUP_SCHEMAS.get(group, {}).items()
+            if name and rest in _rules(schema)]
+
+
+def _meant(key: str, siblings: list[str]) -> str:
+    """What a message suggests for `key`, which its node does not declare: the same key in
+    another group, the option that has it, or the closest of `siblings` (its node's keys)."""
+    import difflib
+
+    parent, _, last = key.rpartition(".")
+    if elsewhere := declared_elsewhere(key):
+        return f"did you mean {' or '.join(elsewhere)}?"
+    if options := options_declaring(key):
+        return f"it is a key of {' and of '.join(options)}"
+    close = difflib.get_close_matches(last, siblings, n=1)
+    return f"did you mean {parent}.{close[0]}?" if close else ""
+
+
+def _after(hint: str) -> str:
+    return "" if not hint else " " if hint.endswith("?") else "; "
 
 
 def _nodes(schema: type) -> dict[str, type]:
@@ -317,19 +339,14 @@ def composition_problem(error: BaseException) -> str:
     add it with `+` (which `check_unknown_keys` would then refuse), the key it most likely
     meant: the same name in another group (`loop.steps_per_execution`), else a close name in
     the node's own schema."""
-    import difflib
-
     line = composition_error(error)
     found = _NOT_IN_SCHEMA.search(f"{error}\n{error.__cause__ or ''}")
     if not found or found.group(2) not in _SCHEMAS:
         return line
     key = found.group(1)
-    parent, _, last = key.rpartition(".")
-    siblings = [k for k in _rules(_SCHEMAS[found.group(2)]) if "." not in k]
-    close = declared_elsewhere(key) or [
-        f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=1)]
-    hint = f": did you mean {' or '.join(close)}?" if close else ""
-    return f"{key} is not a key of {parent}{hint} (`python run.py --cfg job` shows every key)"
+    hint = _meant(key, [k for k in _rules(_SCHEMAS[found.group(2)]) if "." not in k])
+    return (f"{key} is not a key of {key.rpartition('.')[0]}{': ' if hint else ''}{hint} "
+            "(`python run.py --cfg job` shows every key)")
 
 
 def _distlab_option(cfg: DictConfig, key: str) -> bool:

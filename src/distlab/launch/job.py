@@ -32,6 +32,7 @@ from distlab.components import precision
 from distlab.config import validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import (
+    AFTER_TRAINING,
     DONE,
     FINISH,
     SETUP,
@@ -269,7 +270,12 @@ def _interrupted_results(stopped: Interrupted, results: dict[str, Any] | None,
     """results.json of a job a signal stopped: the runner's record of what it finished; or
     the completed results (the finish was cut short); or, stopped before anything was
     measured, the previous attempt's record marked interrupted (None: a completed run's stays
-    as it is), else the config's fields."""
+    as it is), else the config's fields. A completed run whose rerun trained nothing (its
+    stages after training run again to export it) keeps its completed record (None)."""
+    if previous is not None and previous.get("status") == "completed" \
+            and stopped.stage in AFTER_TRAINING and stopped.results is not None \
+            and stopped.results.get("epochs_completed") == previous.get("epochs_completed"):
+        return None
     if stopped.results is not None:
         return stopped.results
     mark = {"status": "interrupted", "interrupted_stage": stopped.stage}

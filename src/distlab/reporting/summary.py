@@ -148,7 +148,7 @@ class SweepSummary(Callback):
         objective = objective or figure_fields(jobs)[0]
         if maximize is None:
             maximize = _maximize(jobs, objective)
-        table = rows(jobs, swept, objective)
+        table = rows(jobs, swept, objective if named else "")
         write_csv(sweep_dir / "summary.csv", table, columns(jobs) + swept)
         written = ["summary.csv"]
         groups = repeats(jobs, table, objective, maximize)

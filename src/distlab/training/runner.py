@@ -201,7 +201,8 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
            user_callbacks: dict[str, keras.callbacks.Callback],
            stop: StopRequest) -> dict[str, Any]:
     initial_epoch, skip_steps = checkpoints.resume()
-    if initial_epoch or skip_steps:
+    trains = not exp.monitors.stopped and (initial_epoch < exp.cfg.trainer.epochs or skip_steps)
+    if (initial_epoch or skip_steps) and trains:
         _warn_if_other_replicas(exp)
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     controller = Controller(exp, loop, checkpoints, user_callbacks)
@@ -216,6 +217,7 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
             stop.begin(EXPORT)
             done.update(export_and_check(exp))
         done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
+        done.update(_as_trained(exp, controller, done))
         if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
             # last: it replaces the final model's weights with the best epoch's
             stop.begin(BEST_TEST)
@@ -294,6 +296,25 @@ def _throughput(exp: Experiment, controller: Controller) -> dict[str, Any]:
         previous = exp.run_dir.read_results() or {}
         own.update({k: previous[k] for k in own if previous.get(k) is not None})
     return own
+
+
+# what a rerun that trained nothing keeps of the attempt that trained: how it trained (this
+# process may have other devices), and when it reached its target (measured in that process)
+AS_TRAINED = ("strategy", "num_replicas", "global_batch_size", "effective_batch_size",
+              "learning_rate", "steps_per_epoch", "time_to_target_s")
+
+
+def _as_trained(exp: Experiment, controller: Controller,
+                done: dict[str, Any]) -> dict[str, Any]:
+    """The AS_TRAINED fields of the previous attempt for a rerun that trained nothing (its
+    stages after training, cut short or an export asked since, run again); else none."""
+    if controller.first_step_at is not None:
+        return {}
+    previous = exp.run_dir.read_results() or {}
+    kept = {k: previous[k] for k in AS_TRAINED if previous.get(k) is not None}
+    if previous.get("epochs_to_target") != done.get("epochs_to_target"):
+        kept.pop("time_to_target_s", None)
+    return kept
 
 
 def _final_figures(loop: Loop) -> dict[str, float | None]:

@@ -265,6 +265,11 @@ def test_a_key_added_where_nothing_reads_it_is_refused(args, needle, tmp_path):
      "trainer.epochs?"),
     (["trainer.early_stopping.metrc=val_loss"], "did you mean trainer.early_stopping.metric?"),
     (["dataset.augment.flp=horizontal"], "did you mean dataset.augment.flip?"),
+    # the first part no node has, not the whole key
+    (["trainer.earlystop.metric=val_loss"], "trainer.earlystop is not a key of trainer: did "
+     "you mean trainer.early_stopping?"),
+    (["model.kwargs.alpha=0.5"], "model.kwargs is not a key of model: it is a key of "
+     "model=keras_applications"),
     (["model=mlp", "model.widht=3"], "model.widht is not a key of model ("),
     # a key of the group's other option: that option
     (["model.hidden_units=[8]"], "model.hidden_units is not a key of model: it is a key of "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,13 @@ def test_a_completed_run_rerun_with_export_exports_its_final_model(tmp_path, run
     history = RunDir(run_dir).read_history()
     assert first["status"] == "completed" and "saved_model" not in first
     caplog.set_level(logging.INFO, logger="distlab")
+    # a copy without its checkpoints has nothing to export from: completed, never retrained
+    shutil.copytree(run_dir, tmp_path / "bare")
+    shutil.rmtree(tmp_path / "bare" / "checkpoints")
+    bare = run_inprocess(*common, "trainer.export=true", out=tmp_path / "bare")
+    assert bare == first and "already completed 2 epoch(s)" in caplog.text
+    assert RunDir(tmp_path / "bare").read_history() == history
+    caplog.clear()
     again = run_inprocess(*common, "trainer.export=true", out=run_dir)
     assert "completed without an export; trainer.export=true: exporting" in caplog.text
     assert (again["status"], again["saved_model"], again["epochs_completed"]) == (

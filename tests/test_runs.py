@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import fast_overrides, refusal_in_process, run_cli
+from conftest import compose, fast_overrides, refusal_in_process, run_cli
 
 from distlab.records.fields import COMPLETED, is_field
 from distlab.records.run_dir import HISTORY_COLUMNS, RunDir
@@ -218,6 +218,24 @@ def test_a_device_that_does_not_exist_is_refused(run_inprocess, run_once, tmp_pa
 def test_jit_compile_over_several_logical_cpus_is_refused(tmp_path):
     error = refusal_in_process(tmp_path / "j", "loop.jit_compile=true", "strategy.cpu_devices=3")
     assert "loop.jit_compile=true" in error and "strategy.cpu_devices=1" in error
+
+
+def test_jit_compile_on_a_strategy_passed_in_over_several_cpus_is_refused(tiny_data_dir,
+                                                                            tmp_path):
+    """The runner's own check, for what the config cannot see: a strategy handed to it."""
+    import tensorflow as tf
+
+    from distlab.config.checks import JIT_ON_LOGICAL_CPUS
+    from distlab.errors import DistlabError
+    from distlab.records.run_dir import RunDir
+    from distlab.training import runner
+
+    cfg = compose([*fast_overrides(tiny_data_dir), "loop.jit_compile=true"])
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"],
+                                              tf.distribute.ReductionToOneDevice())
+    with pytest.raises(DistlabError, match="loop.jit_compile=true cannot run") as refused:
+        runner.execute(cfg, RunDir(tmp_path / "run"), strategy=strategy)
+    assert str(refused.value) == JIT_ON_LOGICAL_CPUS
 
 
 def test_mirrored_without_cpu_devices_has_one_replica_in_a_process_already_split(run_once):

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from distlab.config.figures import check_objective, check_task_metrics, check_watched
 from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, SEED, Config, Rule
@@ -86,8 +87,8 @@ def validate(cfg: DictConfig) -> None:
             f"schedule.factors has {len(factors)} entries but schedule.boundaries has "
             f"{len(boundaries)}: give one factor more than boundaries"
         )
-    # the runner refuses it again once the strategy's replicas are known (a mirrored strategy
-    # over all the logical CPUs a process already has, or a strategy passed in)
+    # the runner refuses it again once the strategy's replicas are known (a user's strategy
+    # over several logical CPUs, or a strategy passed in)
     preprocess = OmegaConf.select(cfg, "dataset.preprocess", default=None)
     if preprocess is not None and preprocess.get("standardize"):
         given = [k for k in ("mean", "std") if preprocess.get(k) is not None]
@@ -326,25 +327,28 @@ def _nodes(schema: type) -> dict[str, type]:
     return found
 
 
-_SCHEMAS = _nodes(Config)  # a node's schema by name (not the top level's: a key of the user's)
-for _options in GROUP_SCHEMAS.values():
-    for _schema in _options.values():
-        _SCHEMAS |= {_schema.__name__: _schema, **_nodes(_schema)}
-_NOT_IN_SCHEMA = re.compile(r"Could not override '([\w.]+)'.*Key '\w+' not in '(\w+)'", re.S)
+def _node_schemas() -> set[type]:
+    """The schemas of distlab's nodes, nested ones included (not the top level's: a key there
+    is the user's own)."""
+    found = set(_nodes(Config).values())
+    for options in GROUP_SCHEMAS.values():
+        for schema in options.values():
+            found |= {schema, *_nodes(schema).values()}
+    return found
 
 
 def composition_problem(error: BaseException) -> str:
     """A Hydra composition error as one line (`errors.composition_error`). An override of a
     key that the schema of one of distlab's nodes lacks gets, in place of Hydra's advice to
-    add it with `+` (which `check_unknown_keys` would then refuse), the key it most likely
-    meant: the same name in another group (`loop.steps_per_execution`), else a close name in
-    the node's own schema."""
+    add it with `+` (which `check_unknown_keys` would then refuse), what it most likely meant
+    (`_meant`: the same key in another group, the option that has it, a close name)."""
     line = composition_error(error)
-    found = _NOT_IN_SCHEMA.search(f"{error}\n{error.__cause__ or ''}")
-    if not found or found.group(2) not in _SCHEMAS:
+    cause = error.__cause__
+    schema, key = getattr(cause, "object_type", None), getattr(cause, "full_key", None)
+    if not (isinstance(cause, OmegaConfBaseException) and isinstance(key, str) and "." in key
+            and line.startswith("Could not override") and schema in _node_schemas()):
         return line
-    key = found.group(1)
-    hint = _meant(key, [k for k in _rules(_SCHEMAS[found.group(2)]) if "." not in k])
+    hint = _meant(key, [f.name for f in dataclasses.fields(schema)])
     return (f"{key} is not a key of {key.rpartition('.')[0]}{': ' if hint else ''}{hint} "
             "(`python run.py --cfg job` shows every key)")
 

@@ -32,7 +32,6 @@ from distlab.components import precision
 from distlab.config import validate
 from distlab.distribute.cluster import current_worker
 from distlab.distribute.preemption import (
-    AFTER_TRAINING,
     DONE,
     FINISH,
     SETUP,
@@ -132,6 +131,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     logging_to, signals = ExitStack(), ExitStack()
     session, outcome = None, None  # the chief's tracker run, and what it is told at the end
     stop, results, owned = StopRequest(), None, False
+    exporting = False  # a completed run rerun to export it: its record stays if cut short
     try:
         _check_interpolations(cfg)
         validate(cfg)
@@ -161,9 +161,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                 refusal += (f" (precision=auto chose {cfg.precision} here: give the run's "
                             "precision to resume it on this machine)")
             previous = run_dir.read_results()
-            verdict = ("refused" if refusal else "train" if export_missing(previous, cfg)
+            exporting = not refusal and export_missing(previous, cfg, run_dir)
+            verdict = ("refused" if refusal else "train" if exporting
                        else "completed" if already_completed(previous, cfg) else "train")
-            if verdict == "train" and already_completed(previous, cfg):
+            if exporting:
                 log.info("%s completed without an export; trainer.export=true: exporting its "
                          "final model", run_dir.path)
         strategy = None
@@ -235,8 +236,8 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     except (Interrupted, Signalled) as e:  # a signal: what the job finished is kept
         stopped = stop.as_interrupted(e)
         log.error(str(stopped))
-        outcome = _interrupted_results(stopped, results, run_dir.read_results() if owned
-                                       else None, cfg, origin or started)
+        outcome = None if exporting else _interrupted_results(
+            stopped, results, run_dir.read_results() if owned else None, cfg, origin or started)
         if owned and scratch is None and outcome is not None:
             run_dir.write_results(outcome)
         return Results(out, outcome or {}, exit_code=128 + stopped.signum, error=str(stopped))
@@ -270,12 +271,7 @@ def _interrupted_results(stopped: Interrupted, results: dict[str, Any] | None,
     """results.json of a job a signal stopped: the runner's record of what it finished; or
     the completed results (the finish was cut short); or, stopped before anything was
     measured, the previous attempt's record marked interrupted (None: a completed run's stays
-    as it is), else the config's fields. A completed run whose rerun trained nothing (its
-    stages after training run again to export it) keeps its completed record (None)."""
-    if previous is not None and previous.get("status") == "completed" \
-            and stopped.stage in AFTER_TRAINING and stopped.results is not None \
-            and stopped.results.get("epochs_completed") == previous.get("epochs_completed"):
-        return None
+    as it is), else the config's fields."""
     if stopped.results is not None:
         return stopped.results
     mark = {"status": "interrupted", "interrupted_stage": stopped.stage}

@@ -24,11 +24,13 @@ def already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
                      or bool(previous.get("stopped_early"))))
 
 
-def export_missing(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
-    """Whether a completed run is rerun with `trainer.export=true` and has no export: the
-    rerun completes its stages after training again (the final figures, then the export)."""
-    return bool(previous and cfg.trainer.export and previous.get("status") == "completed"
-                and not previous.get("saved_model"))
+def export_missing(previous: dict[str, Any] | None, cfg: DictConfig, run_dir: RunDir) -> bool:
+    """Whether a completed run (`already_completed`) is rerun with `trainer.export=true`, has
+    no export and has the checkpoint to make one from: the rerun completes its stages after
+    training again (the final figures, then the export) and trains nothing."""
+    return bool(already_completed(previous, cfg) and cfg.trainer.export
+                and previous.get("status") == "completed" and not previous.get("saved_model")
+                and run_dir.has_checkpoints())
 
 
 def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") -> str | None:

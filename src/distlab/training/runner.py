@@ -217,7 +217,7 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
             stop.begin(EXPORT)
             done.update(export_and_check(exp))
         done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
-        done.update(_as_trained(exp, controller, done))
+        done.update(_as_trained(exp, controller))
         if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
             # last: it replaces the final model's weights with the best epoch's
             stop.begin(BEST_TEST)
@@ -299,22 +299,19 @@ def _throughput(exp: Experiment, controller: Controller) -> dict[str, Any]:
 
 
 # what a rerun that trained nothing keeps of the attempt that trained: how it trained (this
-# process may have other devices), and when it reached its target (measured in that process)
+# process may have other devices). (Not time_to_target_s: measured in the process that
+# reached the target, from the zero of that process's wall_time_s.)
 AS_TRAINED = ("strategy", "num_replicas", "global_batch_size", "effective_batch_size",
-              "learning_rate", "steps_per_epoch", "time_to_target_s")
+              "learning_rate", "steps_per_epoch")
 
 
-def _as_trained(exp: Experiment, controller: Controller,
-                done: dict[str, Any]) -> dict[str, Any]:
+def _as_trained(exp: Experiment, controller: Controller) -> dict[str, Any]:
     """The AS_TRAINED fields of the previous attempt for a rerun that trained nothing (its
     stages after training, cut short or an export asked since, run again); else none."""
     if controller.first_step_at is not None:
         return {}
     previous = exp.run_dir.read_results() or {}
-    kept = {k: previous[k] for k in AS_TRAINED if previous.get(k) is not None}
-    if previous.get("epochs_to_target") != done.get("epochs_to_target"):
-        kept.pop("time_to_target_s", None)
-    return kept
+    return {k: previous[k] for k in AS_TRAINED if previous.get(k) is not None}
 
 
 def _final_figures(loop: Loop) -> dict[str, float | None]:

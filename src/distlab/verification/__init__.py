@@ -104,7 +104,13 @@ def _session(overrides: list[str], options: Options, config_dir, config_path):
                            "(verify.checks=[...])")
     # the data found (a dataset name, its data_dir): else one line, as a run refuses it,
     # not the same failure in every check's row
-    session.test_rows()
+    try:
+        session.test_rows()
+    except DistlabError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's data source failed: one line too
+        raise DistlabError(f"dataset.name={session.run_config.dataset.name}: reading its "
+                           f"test split failed: {described(e)}") from None
     session.scratch = scratch_dir(options).resolve()
     return session
 

@@ -282,7 +282,7 @@ def check_unknown_keys(cfg: DictConfig) -> None:
                           "(`python run.py --cfg job` shows every key there is)")
 
 
-def declared_elsewhere(key: str) -> list[str]:
+def _declared_elsewhere(key: str) -> list[str]:
     """The keys of distlab's schemas with `key`'s last name under another node
     (`trainer.steps_per_execution`: `loop.steps_per_execution`), for a key put in the wrong
     group; none when more than two nodes have it (`name`: every group's)."""
@@ -292,7 +292,7 @@ def declared_elsewhere(key: str) -> list[str]:
     return found if len(found) <= 2 else []
 
 
-def options_declaring(key: str) -> list[str]:
+def _options_declaring(key: str) -> list[str]:
     """The group options whose schema declares `key` (`model.hidden_units`: `model=mlp`),
     for a key of another option than the one chosen."""
     group, _, rest = key.partition(".")
@@ -306,9 +306,9 @@ def _meant(key: str, siblings: list[str]) -> str:
     import difflib
 
     parent, _, last = key.rpartition(".")
-    if elsewhere := declared_elsewhere(key):
+    if elsewhere := _declared_elsewhere(key):
         return f"did you mean {' or '.join(elsewhere)}?"
-    if options := options_declaring(key):
+    if options := _options_declaring(key):
         return f"it is a key of {' and of '.join(options)}"
     close = difflib.get_close_matches(last, siblings, n=1)
     return f"did you mean {parent}.{close[0]}?" if close else ""
@@ -318,22 +318,22 @@ def _after(hint: str) -> str:
     return "" if not hint else " " if hint.endswith("?") else "; "
 
 
-def _nodes(schema: type) -> dict[str, type]:
-    """{name: dataclass} of the dataclasses under `schema` (trainer, trainer.early_stopping)."""
-    found = {}
+def _nodes(schema: type) -> set[type]:
+    """The dataclasses under `schema` (trainer, trainer.early_stopping, ...)."""
+    found = set()
     for f in dataclasses.fields(schema):
         if dataclasses.is_dataclass(f.default_factory):
-            found |= {f.default_factory.__name__: f.default_factory, **_nodes(f.default_factory)}
+            found |= {f.default_factory, *_nodes(f.default_factory)}
     return found
 
 
 def _node_schemas() -> set[type]:
     """The schemas of distlab's nodes, nested ones included (not the top level's: a key there
     is the user's own)."""
-    found = set(_nodes(Config).values())
+    found = _nodes(Config)
     for options in GROUP_SCHEMAS.values():
         for schema in options.values():
-            found |= {schema, *_nodes(schema).values()}
+            found |= {schema, *_nodes(schema)}
     return found
 
 

@@ -249,8 +249,7 @@ def _settings(jobs: Sequence[Job]) -> tuple[list[tuple[str, str]], list[tuple[st
         reported = [j.results.get(key) for j in jobs]
         values = {_cell(v) for v in reported if v is not None}
         if len(values) == 1 and len(jobs) > 1 and None not in reported:  # (a failed job's)
-            same.append((label, next(j.results[key] for j in jobs
-                                     if j.results.get(key) is not None)))
+            same.append((label, reported[0]))
         elif values:
             shown.append((key, label))
     return shown, same

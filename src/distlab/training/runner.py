@@ -217,7 +217,6 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
             stop.begin(EXPORT)
             done.update(export_and_check(exp))
         done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
-        done.update(_as_trained(exp, controller))
         if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
             # last: it replaces the final model's weights with the best epoch's
             stop.begin(BEST_TEST)
@@ -288,30 +287,22 @@ def _train_epochs(exp: Experiment, controller: Controller, checkpoints: Checkpoi
     stop.check()  # a signal after the last step's check: training is saved, stop here
 
 
-def _throughput(exp: Experiment, controller: Controller) -> dict[str, Any]:
-    """The throughput fields; a rerun that trained nothing (a stage after training was cut
-    short) keeps those of the attempt that trained."""
-    own = controller.throughput()
-    if controller.first_step_at is None:
-        previous = exp.run_dir.read_results() or {}
-        own.update({k: previous[k] for k in own if previous.get(k) is not None})
-    return own
-
-
-# what a rerun that trained nothing keeps of the attempt that trained: how it trained (this
-# process may have other devices). (Not time_to_target_s: measured in the process that
-# reached the target, from the zero of that process's wall_time_s.)
+# what a rerun that trained nothing keeps of the attempt that trained, besides its
+# throughput: how it trained (this process may have other devices). (Not time_to_target_s:
+# measured in the process that reached the target, from the zero of its wall_time_s.)
 AS_TRAINED = ("strategy", "num_replicas", "global_batch_size", "effective_batch_size",
               "learning_rate", "steps_per_epoch")
 
 
-def _as_trained(exp: Experiment, controller: Controller) -> dict[str, Any]:
-    """The AS_TRAINED fields of the previous attempt for a rerun that trained nothing (its
-    stages after training, cut short or an export asked since, run again); else none."""
-    if controller.first_step_at is not None:
-        return {}
-    previous = exp.run_dir.read_results() or {}
-    return {k: previous[k] for k in AS_TRAINED if previous.get(k) is not None}
+def _throughput(exp: Experiment, controller: Controller) -> dict[str, Any]:
+    """The throughput fields; a rerun that trained nothing (a stage after training was cut
+    short, or an export asked since) keeps those of the attempt that trained, and its
+    AS_TRAINED fields."""
+    own = controller.throughput()
+    if controller.first_step_at is None:
+        previous = exp.run_dir.read_results() or {}
+        own.update({k: previous[k] for k in [*own, *AS_TRAINED] if previous.get(k) is not None})
+    return own
 
 
 def _final_figures(loop: Loop) -> dict[str, float | None]:

@@ -87,3 +87,14 @@ class Backup(keras.callbacks.BackupAndRestore):
 @distlab.register("callback", "odd")  # a builder that returns no callback
 def odd(cfg) -> None:
     return None
+
+
+@distlab.register("model", "compiled_mlp")  # model.name=compiled_mlp
+def compiled_mlp(cfg, input_shape, outputs):
+    """A builder that compiles its model with an optimizer of its own (as tutorial code
+    does), which distlab replaces by the run's in both loops."""
+    model = keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                              keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(outputs)])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5), loss="mse")
+    return model

@@ -31,17 +31,22 @@ def _history(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inprocess, tmp_path):
-    calls = {}
+def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inprocess, tmp_path,
+                                                                      caplog):
+    calls, warned = {}, {}
     for loop, block in (("custom", "loop.steps_per_loop=2"),
                         ("keras_fit", "loop.steps_per_execution=2")):
         path = tmp_path / f"{loop}.jsonl"
         # and an EarlyStopping with mode auto on val_accuracy (distlab ranks it: Keras can't)
+        # a builder that compiled its model with an SGD of its own (the run's: Adam)
         run_inprocess(f"loop={loop}", block, *SMALL, "strategy.cpu_devices=2", RECORDER,
+                      "imports=[callback_recorder]", "model.name=compiled_mlp",
                       f"+callbacks.rec.path={path}", "+callbacks.es._target_=keras.callbacks."
                       "EarlyStopping", "+callbacks.es.monitor=val_accuracy",
                       "+callbacks.es.patience=5", out=tmp_path / loop)
         calls[loop] = _calls(path)
+        warned[loop] = [r.getMessage() for r in caplog.records if "compiled its" in r.getMessage()]
+        caplog.clear()
     hooks = {loop: [(hook, index, sorted(logs or {})) for hook, index, logs, _ in c]
              for loop, c in calls.items()}
     assert hooks["custom"] == hooks["keras_fit"]
@@ -64,11 +69,14 @@ def test_both_loops_make_the_same_hook_calls_with_the_history_columns(run_inproc
         assert all(sorted(logs) == sorted(k for k in rows[0] if k != "epoch") for logs in ends)
         for logs, row in zip(ends, rows, strict=True):
             assert logs["val_loss"] == pytest.approx(float(row["val_loss"]), abs=1e-5)  # csv
-    # self.model.optimizer, as compile sets it, in both loops (the tutorial's PrintLR)
+    # self.model.optimizer, as compile sets it, in both loops (the tutorial's PrintLR): the
+    # run's, not the one the builder compiled with, which is named in one warning
     rates = {loop: [float(r) for r in (tmp_path / f"{loop}.jsonl.lr").read_text().split()]
              for loop in calls}
     assert rates["custom"] == rates["keras_fit"] == pytest.approx(
         [float(r["learning_rate"]) for r in _history(tmp_path / "custom")], rel=1e-6)
+    for loop, lines in warned.items():
+        assert len(lines) == 1 and "(optimizer SGD)" in lines[0], (loop, lines)
 
 
 @pytest.mark.slow

@@ -53,8 +53,13 @@ class Loop:
     def __init__(self, exp: Experiment) -> None:
         self.exp = exp
         self.loss_fn = exp.task.loss
-        if getattr(exp.model, "optimizer", None) is None:  # what compile sets, in every loop:
-            exp.model.optimizer = exp.optimizer  # a callback reads self.model.optimizer
+        own = getattr(exp.model, "optimizer", None)
+        if own is not None and own is not exp.optimizer:  # a builder that compiled its model
+            log.warning("model.name=%r: the builder compiled its model (optimizer %s); distlab "
+                        "trains it with the run's optimizer (%s) and the task's loss and "
+                        "metrics, in either loop: return the model uncompiled",
+                        exp.cfg.model.name, type(own).__name__, type(exp.optimizer).__name__)
+        exp.model.optimizer = exp.optimizer  # as compile sets it: callbacks read it
         cls = type(self)
         if cls.train_step is Loop.train_step and cls.train_steps is Loop.train_steps:
             raise LoopError(f"{self._name}: {cls.__name__} implements no train_step; a Loop "

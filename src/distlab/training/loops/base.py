@@ -54,7 +54,8 @@ class Loop:
         self.exp = exp
         self.loss_fn = exp.task.loss
         own = getattr(exp.model, "optimizer", None)
-        if own is not None and own is not exp.optimizer:  # a builder that compiled its model
+        if own is not None and own is not exp.optimizer and exp.cfg.mode == "train":
+            # a builder that compiled its model
             log.warning("model.name=%r: the builder compiled its model (optimizer %s); distlab "
                         "trains it with the run's optimizer (%s) and the task's loss and "
                         "metrics, in either loop: return the model uncompiled",

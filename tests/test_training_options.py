@@ -3,6 +3,7 @@ checkpoint and the profiler, in both loops (tiny data)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -184,6 +185,27 @@ def test_target_early_stopping_and_best_checkpoint(loop, run_inprocess, run_once
     # a new best is also a main checkpoint (whatever checkpoint_every), so a resume never
     # restarts behind checkpoints/best
     assert (out / "checkpoints" / f"ckpt-{steps}.index").exists()
+
+
+@pytest.mark.slow
+def test_a_best_checkpoint_before_the_last_epoch_keeps_the_epochs_trained(run_inprocess, tmp_path,
+                                                                         caplog):
+    """trainer.best_checkpoint.test=true scores checkpoints/best's weights (epoch 1 here: the
+    learning rate x1e-30 after it changes no val_loss), and results.json still counts the
+    epochs trained: a rerun finds the run completed and rewrites nothing."""
+    out = tmp_path / "run"
+    args = ("loop=custom", "trainer.epochs=3", "trainer.steps_per_epoch=3", "model=mlp",
+            "model.hidden_units=[16]", "schedule=step_decay", "schedule.boundaries=[1]",
+            "schedule.factors=[1.0,1e-30]", "trainer.best_checkpoint.metric=val_loss",
+            "trainer.best_checkpoint.test=true")
+    done = run_inprocess(*args, out=out)
+    assert (done["best_epoch"], done["epochs_completed"]) == (1, 3), done
+    assert done["best_test_loss"] is not None
+    written = (out / "results.json").read_bytes()
+    caplog.set_level(logging.INFO, logger="distlab")
+    run_inprocess(*args, out=out)
+    assert any("already completed 3 epoch(s)" in r.getMessage() for r in caplog.records)
+    assert (out / "results.json").read_bytes() == written
 
 
 @pytest.mark.slow

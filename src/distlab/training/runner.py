@@ -208,6 +208,7 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
     controller = Controller(exp, loop, checkpoints, user_callbacks)
     controller.stop = stop  # polled between steps; every other stage is cut short at once
     done: dict[str, Any] = {}  # the figures so far, kept if a signal cuts a stage short
+    trained = None  # the position trained to, before the best test restores best's counter
     try:
         _train_epochs(exp, controller, checkpoints, initial_epoch, skip_steps, stop)
         done.update(_throughput(exp, controller))
@@ -220,18 +221,19 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
         if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
             # last: it replaces the final model's weights with the best epoch's
             stop.begin(BEST_TEST)
+            trained = checkpoints.position
             checkpoints.restore_model(done["best_checkpoint"])
             best = _prefixed("best_test", loop.evaluate("test"))
             done.update(best)
             log.info("checkpoints/best (epoch %d): %s", done["best_epoch"], _figures(best))
     except (Interrupted, Signalled) as e:  # the job writes its results
         stopped = stop.as_interrupted(e)
-        epoch, step = checkpoints.position
+        epoch, step = trained or checkpoints.position
         stopped.results = _results(exp, epoch, **(done or _throughput(exp, controller)),
                                    status="interrupted", interrupted_stage=stopped.stage,
                                    steps_in_epoch=step, checkpoint=checkpoints.latest)
         raise stopped from None
-    return _results(exp, checkpoints.position[0], **done, **_pruned(exp, controller),
+    return _results(exp, (trained or checkpoints.position)[0], **done, **_pruned(exp, controller),
                     checkpoint=checkpoints.latest)
 
 

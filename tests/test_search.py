@@ -224,6 +224,8 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
     cases["no trials"] = (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: give 1 or more")
     cases["target"] = (["objective=time_to_target_s"], "objective=time_to_target_s needs "
                        "trainer.target, and none is configured")  # no trial could measure it
+    cases["misspelt"] = (["optimizer.no_such=interval(0.1,0.2)"],  # no trial could set it
+                         "optimizer.no_such is not a key of optimizer")
     for name, (extra, expected) in cases.items():
         out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
                       "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / name}", *extra,
@@ -232,6 +234,7 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
         assert out.returncode == 2 and expected in text, (name, text[-2000:])
         assert "Traceback" not in text and not (tmp_path / name / "0").exists(), name
     assert len(_study(spaced).trials) == 1  # the study left as it was: no trial asked
+    assert not (tmp_path / "misspelt" / "optuna.journal").exists()  # no study, no trial
 
 
 # --------------------------------------------------------------------------- slow
@@ -365,15 +368,19 @@ def test_repeats_run_each_trial_with_its_seeds_and_tell_optuna_the_mean(tiny_dat
 def test_a_running_trial_without_this_searchs_values_is_failed_and_asked_anew(tiny_data_dir,
                                                                               tmp_path):
     """A trial left running without a value for a searched key (a search stopped while
-    asking, or a key searched since) is not relaunched on the config's defaults: it is failed,
-    and a new trial of the search's space takes its place."""
+    asking, or a key searched since) is not relaunched on the config's defaults, nor one with
+    a value for a key the search no longer searches: each is failed, and a new trial of the
+    search's space takes its place."""
     import optuna
 
     from distlab.search import open_storage, storage_location
 
     sweep = tmp_path / "search"
-    optuna.create_study(study_name="distlab", direction="maximize", storage=open_storage(
-        storage_location(None, sweep))).ask()  # trial 0: running, without parameters
+    study = optuna.create_study(study_name="distlab", direction="maximize",
+                                storage=open_storage(storage_location(None, sweep)))
+    study.ask()  # trial 0: running, without parameters
+    study.ask({"optimizer.learning_rate": optuna.distributions.CategoricalDistribution(
+        [0.02, 0.03]), "optimizer.no_such": optuna.distributions.FloatDistribution(0.1, 0.2)})
     out = run_cli(*fast_overrides(tiny_data_dir), "trainer.epochs=1", "trainer.steps_per_epoch=2",
                   "model=mlp", "model.hidden_units=[8]", "hparams_search=optuna",
                   "hydra.sweeper.n_trials=1", 'hydra.sweeper.params={optimizer.learning_rate: '
@@ -382,12 +389,14 @@ def test_a_running_trial_without_this_searchs_values_is_failed_and_asked_anew(ti
     assert out.returncode == 0, text[-3000:]
     [said] = [line for line in text.splitlines() if "trial 0: has no value for" in line]
     assert "optimizer.learning_rate" in said and "a new trial is asked in its place" in said
+    [said] = [line for line in text.splitlines() if "trial 1: has" in line]
+    assert "has a value for optimizer.no_such, which this search does not search" in said
     study = _study(sweep)
-    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
-    assert study.trials[1].params["optimizer.learning_rate"] in (0.02, 0.03)
-    assert _results(sweep / "1")["learning_rate"] == study.trials[1].params[
+    assert [t.state.name for t in study.trials] == ["FAIL", "FAIL", "COMPLETE"]
+    assert study.trials[2].params["optimizer.learning_rate"] in (0.02, 0.03)
+    assert _results(sweep / "2")["learning_rate"] == study.trials[2].params[
         "optimizer.learning_rate"]
-    assert not (sweep / "0").exists()  # never launched
+    assert not (sweep / "0").exists() and not (sweep / "1").exists()  # never launched
 
 
 @pytest.mark.slow  # run.py processes forked from a TensorFlow-preloaded server

@@ -93,7 +93,7 @@ class DistlabOptunaSweeper(Sweeper):
         from distlab.records.ranking import direction, has_validation
         from distlab.search import build_pruner
 
-        self._config = config
+        self._config, self._hydra_context = config, hydra_context
         job_cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
         higher = task_metrics(job_cfg)
         check_search_objective(job_cfg.get("objective"), str(job_cfg.task.get("name")),
@@ -159,6 +159,11 @@ class DistlabOptunaSweeper(Sweeper):
 
             check_objective_needs(self._job_cfg)  # (a field no trial could write)
         self._location = storage_location(self.storage, self._sweep_dir)
+        # one trial's job config composed now: a key Hydra cannot set (a misspelt searched
+        # key) is refused before the study records a trial that no job could run
+        first = {k: _first_value(d) for k, d in space.items()}
+        self._hydra_context.config_loader.load_sweep_config(self._config,
+                                                            self._overrides(0, first))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
         try:
@@ -195,13 +200,18 @@ class DistlabOptunaSweeper(Sweeper):
         self._keep_space(trials)
         running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
         # interrupted: relaunched; one without a value for each searched key (stopped while
-        # asked, or the search has a key since) would train on defaults: failed, asked anew
-        unfit = [t.number for t in running if not set(space) <= set(t.params)]
+        # asked, or the search has a key since) would train on defaults, one with a key the
+        # search no longer has on a value it does not search: failed, asked anew
+        unfit = [t.number for t in running if set(space) != set(t.params)]
         for number in unfit:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
-            log.warning("trial %d: has no value for %s of this search's keys; failed, and a "
-                        "new trial is asked in its place", number,
-                        ", ".join(sorted(set(space) - set(trials[number].params))))
+            held = set(trials[number].params)
+            log.warning("trial %d: %s; failed, and a new trial is asked in its place", number,
+                        "; ".join(filter(None, (
+                            _listed("has no value for {} of this search's keys",
+                                    set(space) - held),
+                            _listed("has a value for {}, which this search does not search",
+                                    held - set(space))))))
         self._pending = [t.number for t in running if t.number not in unfit]
         # new trials to ask for (a failed unfit one is replaced, within n_trials)
         self._planned = max(0, self.n_trials - (len(trials) - len(unfit)))
@@ -434,3 +444,14 @@ def _described(distribution: Any) -> str:
     span = (f"range({distribution.low}, {distribution.high}, {step})" if step is not None
             else f"interval({distribution.low}, {distribution.high})")
     return f"tag(log, {span})" if getattr(distribution, "log", False) else span
+
+
+def _first_value(distribution: Any) -> Any:
+    """A value of `distribution` a trial could be given: its first choice, or its low end."""
+    choices = getattr(distribution, "choices", None)
+    return choices[0] if choices is not None else distribution.low
+
+
+def _listed(text: str, keys: set[str]) -> str:
+    """`text` with the sorted `keys` in its `{}`; empty without keys."""
+    return text.format(", ".join(sorted(keys))) if keys else ""

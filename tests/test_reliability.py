@@ -351,6 +351,13 @@ def test_unwritable_output_dir_and_bad_data_dir(tiny_data_dir, tmp_path):
     blocker.write_text("not a dir")
     out = run_cli(f"hydra.run.dir={blocker}/run", timeout=60)
     assert out.returncode != 0 and "hydra.run.dir" in out.stderr and "Traceback" not in out.stderr
+    # a folder nobody can create (/proc refuses even root, whom os.access lets through)
+    for args in (["hydra.run.dir=/proc/distlab-test"],
+                 ["-m", "seed=1,2", "hydra.sweep.dir=/proc/distlab-test"]):
+        out = run_cli(*args, timeout=60)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+        [line] = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+        assert "/proc/distlab-test" in line and "hydra." in line, line
 
     out = run_cli(f"dataset.data_dir={blocker}", f"hydra.run.dir={tmp_path / 'r'}", timeout=60)
     text = out.stdout + out.stderr

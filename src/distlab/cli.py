@@ -174,6 +174,15 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         sweep_signals.end()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except OSError as e:  # Hydra's own writes (the run or sweep dir, .hydra/, the log file)
+        # where check_output_dir_args could not tell (root on a filesystem that refuses)
+        from distlab.launch import sweep_signals
+
+        sweep_signals.end()
+        print(f"error: cannot write {e.filename or 'the output folder'} ({e.strerror or e}): "
+              "choose a folder you can write with hydra.run.dir=... (hydra.sweep.dir=... "
+              "with -m)", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:  # a process launcher's error (a job's process died): one line
         from distlab.launch import sweep_signals
 

@@ -224,6 +224,8 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
     cases["no trials"] = (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0: give 1 or more")
     cases["target"] = (["objective=time_to_target_s"], "objective=time_to_target_s needs "
                        "trainer.target, and none is configured")  # no trial could measure it
+    cases["inverted"] = (["optimizer.learning_rate=interval(0.01,0.001)"],
+                         "optimizer.learning_rate=interval(0.01,0.001): nothing to search")
     cases["misspelt"] = (["optimizer.no_such=interval(0.1,0.2)"],  # no trial could set it
                          "optimizer.no_such is not a key of optimizer")
     for name, (extra, expected) in cases.items():

@@ -16,7 +16,15 @@ def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dic
     fixed: dict[str, Any] = {}
     for override in OverridesParser.create().parse_overrides(given):
         key = override.get_key_element()
-        value = distribution(override)
+        try:
+            value = distribution(override)
+        except ValueError as e:  # Optuna's check of its bounds: interval(0.1, 0.01)
+            from distlab.errors import ConfigError
+
+            raise ConfigError(f"{override.input_line}: nothing to search ("
+                              f"{str(e).splitlines()[0].rstrip('.')}); an interval(low, high) "
+                              "needs low <= high, a range(start, stop, step) one value at "
+                              "least") from None
         if isinstance(value, str):
             fixed[key] = value
             space.pop(key, None)

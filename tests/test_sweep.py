@@ -292,6 +292,11 @@ def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path, mlf
     assert len(refused) == 1 and refused[0].info.status == "FAILED"
     assert "another config" in refused[0].data.tags["distlab.error"]
     assert refused[0].data.tags["mlflow.parentRunId"] == parent[0].info.run_id
+    # narrowed to job 0's first value: this sweep's one job, not job 1 of the sweeps before
+    out, text = _sweep(tiny_data_dir, sweep, *args, "optimizer.learning_rate=1e-3")
+    assert out.returncode == 0, text[-3000:]
+    assert [(r["job"], r["status"]) for r in _summary(sweep)] == [("0", "completed")]
+    assert "1 jobs: 1 completed, 0 failed." in (sweep / "summary.md").read_text()
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ INFO/WARNING start-up chatter
 
@@ -62,12 +63,13 @@ def hydra_job(cfg: DictConfig) -> float | None:
         if results.exit_code:
             sys.exit(results.exit_code)
         return results.objective
-    from distlab.launch import sweep_parent, sweep_signals
+    from distlab.launch import refusals, sweep_parent, sweep_signals
 
     # a job process of its own (joblib, submitit_local) stops if the sweep dies, and when
     # the sweep's process asks it to (Ctrl-C or SIGTERM of the sweep)
     sweep_parent.stop_when_orphaned()
     output_dir = hydra_cfg.runtime.output_dir
+    refusals.record_launched(hydra_cfg.sweep.dir, Path(output_dir))  # (for its summary)
     results = sweep_signals.run_job(
         lambda: run(cfg, output_dir, multirun=True, sweep_dir=hydra_cfg.sweep.dir),
         hydra_cfg.job.num, output_dir)

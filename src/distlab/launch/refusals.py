@@ -1,5 +1,7 @@
 """The jobs a sweep's run refused (a run dir that holds another config's run, or that another
-live run holds), recorded for the sweep's summary, its tracker and its exit status.
+live run holds), recorded for the sweep's summary, its tracker and its exit status; and the
+jobs it launched, so that its summary leaves out the job dirs of an earlier, other sweep
+into the same dir (`.distlab/launched/<sweep id>/`).
 
 A refused job leaves its run dir exactly as it was (its results.json is the earlier run's),
 so the refusal is kept in the sweep dir instead: `.distlab/refused/<sweep id>/<n>.json`, one
@@ -26,8 +28,39 @@ def start_sweep() -> str:
     return os.environ[SWEEP_ID]
 
 
-def _folder(sweep_dir: str | Path, sweep_id: str | None) -> Path:
-    return Path(sweep_dir) / ".distlab" / "refused" / (sweep_id or "unknown")
+def _folder(sweep_dir: str | Path, sweep_id: str | None, kind: str = "refused") -> Path:
+    return Path(sweep_dir) / ".distlab" / kind / (sweep_id or "unknown")
+
+
+def _name(run_dir: Path) -> str:
+    return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+
+
+def record_launched(sweep_dir: str | Path, run_dir: Path) -> None:
+    """Record that this sweep invocation launched the job of `run_dir` (nothing without a
+    sweep id: a launcher whose jobs do not inherit it, whose summary then lists every job
+    dir)."""
+    sweep_id = os.environ.get(SWEEP_ID)
+    if not sweep_id:
+        return
+    folder = _folder(sweep_dir, sweep_id, "launched")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / _name(run_dir)).write_text(str(run_dir.resolve()) + "\n")
+    except OSError:
+        pass  # the summary then lists every job dir, as before
+
+
+def launched(sweep_dir: str | Path) -> set[str]:
+    """The resolved run dirs of the jobs this sweep invocation launched (empty: unknown)."""
+    folder = _folder(sweep_dir, os.environ.get(SWEEP_ID), "launched")
+    found = set()
+    for path in folder.iterdir() if os.environ.get(SWEEP_ID) and folder.is_dir() else ():
+        try:
+            found.add(path.read_text().strip())
+        except OSError:
+            continue
+    return found
 
 
 def record(sweep_dir: str | Path, run_dir: Path, error: str) -> None:
@@ -43,8 +76,7 @@ def record(sweep_dir: str | Path, run_dir: Path, error: str) -> None:
     folder = _folder(sweep_dir, os.environ.get(SWEEP_ID))
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        name = hashlib.sha256(path.encode()).hexdigest()[:16]
-        (folder / f"{name}.json").write_text(json.dumps(
+        (folder / f"{_name(run_dir)}.json").write_text(json.dumps(
             {"run_dir": path, "overrides": overrides, "error": error}) + "\n")
     except OSError:
         pass  # the job still reports its refusal, and exits 2

@@ -72,16 +72,21 @@ def tally(jobs: list[Job]) -> str:
             + (f", {pruned} pruned" if pruned else ""))
 
 
-def find_jobs(sweep_dir: str | Path) -> list[Job]:
+def find_jobs(sweep_dir: str | Path, this_sweep: bool = False) -> list[Job]:
     """Every job dir under `sweep_dir` (any `hydra.sweep.subdir` layout), by job number. A
     job this sweep refused (`distlab.launch.refusals`) is a failed job with its reason and
-    its own overrides, not the earlier run its directory holds."""
+    its own overrides, not the earlier run its directory holds. `this_sweep`: only the jobs
+    this sweep invocation launched, where it recorded them (not an earlier sweep's, into
+    the same dir, that this one did not repeat)."""
     jobs = []
     refused = refusals.read(sweep_dir)
+    ours = refusals.launched(sweep_dir) if this_sweep else set()
     for hydra_yaml in Path(sweep_dir).glob("**/.hydra/hydra.yaml"):
         path = hydra_yaml.parent.parent
         if ".distlab" in path.relative_to(sweep_dir).parts:
             continue  # a run dir's own snapshot of .hydra/
+        if ours and str(path.resolve()) not in ours:
+            continue  # an earlier sweep's job that this one did not launch
         overrides_yaml = hydra_yaml.parent / "overrides.yaml"
         overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []
         run_dir = RunDir(path)

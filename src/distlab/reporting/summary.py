@@ -105,10 +105,11 @@ class SweepSummary(Callback):
         # An in-process launcher leaves the last job's logging (and its run.log) in place.
         configure_log(config.hydra.hydra_logging, config.hydra.verbose)
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        study_name = OmegaConf.select(config, "hydra.sweeper.study_name", default=None)
+        # a search's jobs are its study's trials, a resumed one's not all launched again
         failed = self.summarise(sweep_dir, objective=str(config.get("objective") or ""),
-                                maximize=_set_direction(config),
-                                study_name=OmegaConf.select(config, "hydra.sweeper.study_name",
-                                                            default=None))
+                                maximize=_set_direction(config), study_name=study_name,
+                                this_sweep=study_name is None)
         summaries = [sweep_dir / name for name in ("summary.csv", GROUPS_CSV, "summary.md",
                                                    "summary.png", *SEARCH_FILES)]
         ending = sweep_signals.end()  # stopped by a signal, or a job's process died
@@ -127,13 +128,14 @@ class SweepSummary(Callback):
             raise SystemExit(1)
 
     def summarise(self, sweep_dir: Path, objective: str = "",
-                  maximize: bool | None = None, study_name: str | None = None) -> list[Job]:
+                  maximize: bool | None = None, study_name: str | None = None,
+                  this_sweep: bool = False) -> list[Job]:
         """Write the summary files; return the failed jobs (a pruned one is not).
         `objective`: the results.json field to rank by (empty: the one the jobs report as
         theirs); `maximize`: which way (None: `_maximize`'s, for that objective);
         `study_name`: the Optuna study to analyse when the sweep dir keeps one (default: its
-        only, or last, study)."""
-        jobs = find_jobs(sweep_dir)
+        only, or last, study); `this_sweep`: only the jobs this sweep invocation launched."""
+        jobs = find_jobs(sweep_dir, this_sweep)
         if not jobs:
             log.warning("sweep summary: no job directories under %s", sweep_dir)
             return []

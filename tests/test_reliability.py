@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -252,6 +253,31 @@ def test_a_signal_after_the_last_training_step_says_training_is_kept():
     line = str(stopped.value)
     assert "after the training's last step; training is done and kept" in line, line
     assert "before anything was trained" not in line and stopped.value.stage == TRAINING
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the point
+def test_a_signal_whose_exception_python_swallowed_is_told_in_the_stage_it_came_in():
+    """A signal in the set-up whose Signalled Python ignored (raised inside a weakref callback
+    or __del__, which only prints "Exception ignored") ends the job at the training's begin
+    as a set-up stop, not as one after the training's last step."""
+    import gc
+    import weakref
+
+    from distlab.distribute.preemption import SETUP, TRAINING, Interrupted, stop_on_signals
+
+    class Held:
+        pass
+
+    with stop_on_signals() as stop:
+        held = Held()
+        weakref.finalize(held, os.kill, os.getpid(), signal.SIGTERM)  # handled in there
+        del held
+        gc.collect()
+        assert stop.signum == signal.SIGTERM  # noted; its Signalled went nowhere
+        with pytest.raises(Interrupted) as stopped:
+            stop.begin(TRAINING, polled=True)
+    line = str(stopped.value)
+    assert stopped.value.stage == SETUP and "during the set-up, before anything" in line, line
 
 
 @pytest.mark.parametrize("loop", ["custom", "keras_fit"])

@@ -54,6 +54,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.stage, self.polled = SETUP, False
+        self.signalled_in: str | None = None  # the stage the first signal came in
 
     def __bool__(self) -> bool:
         return self.signum is not None
@@ -75,24 +76,27 @@ class StopRequest:
         return self.interrupted(error.signum, second=error.second)
 
     def interrupted(self, signum: int, second: bool = False) -> Interrupted:
-        """The `Interrupted` of a signal `signum` in the current stage."""
+        """The `Interrupted` of a signal `signum` in the stage it came in (a signal whose
+        `Signalled` Python swallowed, raised inside a weakref callback or `__del__`, is
+        noted at the next stage's begin: still the stage it came in)."""
+        stage = self.stage if second else self.signalled_in or self.stage
         if second:
-            what = (f"a second signal ({signum}) during the {self.stage} stopped the run at "
+            what = (f"a second signal ({signum}) during the {stage} stopped the run at "
                     "once, without a checkpoint; the latest checkpoint and history.csv are "
                     "kept. Rerun the same command to resume from them")
-        elif self.stage == TRAINING:  # (mid-epoch the loop stops with a line of its own)
+        elif stage == TRAINING:  # (mid-epoch the loop stops with a line of its own)
             what = (f"stopped by signal {signum} after the training's last step; training is "
                     "done and kept (checkpoints, history.csv). Rerun the same command to "
                     "complete the run without training again")
-        elif self.stage in AFTER_TRAINING:
-            what = (f"stopped by signal {signum} during the {self.stage}; training is done "
+        elif stage in AFTER_TRAINING:
+            what = (f"stopped by signal {signum} during the {stage}; training is done "
                     "and kept (checkpoints, history.csv). Rerun the same command to complete "
                     "the run without training again")
         else:
-            what = (f"stopped by signal {signum} during the {self.stage}, before anything "
+            what = (f"stopped by signal {signum} during the {stage}, before anything "
                     "was trained or measured in this attempt. Rerun the same command to run "
                     "it (from the run's latest checkpoint, if any)")
-        return Interrupted(what, signum, self.stage)
+        return Interrupted(what, signum, stage)
 
 
 @contextlib.contextmanager
@@ -108,7 +112,7 @@ def stop_on_signals(sigterm: bool = True) -> Iterator[StopRequest]:
     def handler(signum, frame):
         if request.signum is not None:
             raise Signalled(signum, second=True)
-        request.signum = signum
+        request.signum, request.signalled_in = signum, request.stage
         if not request.polled:
             raise Signalled(signum)
 

@@ -128,7 +128,7 @@ def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
     _fake_job(tmp_path, 0, [*common, "dataset.batch_size_per_replica=32"], done)
     _fake_job(tmp_path, 1, [*common, "dataset.batch_size_per_replica=64"],
               {"status": "failed", "error": "non-finite loss (nan) in epoch 1: lower it",
-               "batch_size_per_replica": 64})
+               "batch_size_per_replica": 64, "wall_time_s": 0.5})
     _fake_job(tmp_path, 2, [*common, "dataset.batch_size_per_replica=128"], None)  # killed
 
     failed = SweepSummary().summarise(tmp_path)
@@ -150,6 +150,9 @@ def test_summary_lists_every_job_and_fails_on_a_failed_one(tmp_path):
     _hparams_events(tmp_path)  # the experiment config
     SweepSummary().summarise(tmp_path)  # idempotent: still one HParams file per dir
     _hparams_events(tmp_path / "1" / "logs")
+    # ranked on a field a failed job writes too: the failed job has no objective value
+    SweepSummary(plot=False, tensorboard=False).summarise(tmp_path, objective="wall_time_s")
+    assert [r["objective_value"] for r in _summary(tmp_path)] == ["12.0", "", ""]
 
 
 def test_sweep_configs_compose():

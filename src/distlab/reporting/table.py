@@ -85,7 +85,8 @@ def rows(jobs: Sequence[Job], swept: Sequence[str], objective: str = "") -> list
     for job in jobs:
         row: dict[str, Any] = {key: job.results.get(key) for key in columns(jobs)}
         field = objective or job.results.get("objective")
-        value = job.results.get(field) if field else None
+        # a failed job is not ranked: no objective value (its wall_time_s is its failure's)
+        value = job.results.get(field) if field and job.status != "failed" else None
         row.update(job=job.num, overrides=" ".join(job.overrides), status=job.status,
                    error=job.error, scaling_efficiency=efficiency.get(job.num),
                    objective=field or None, objective_value=value if _finite(value) else None)

@@ -14,6 +14,7 @@ from test_sweep import _fake_job
 
 from distlab.reporting.repeats import group_repeats, interval, rank, t_quantile
 from distlab.reporting.summary import SweepSummary
+from distlab.reporting.table import repeats_markdown
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -70,6 +71,15 @@ def test_group_repeats_groups_by_every_override_but_seed():
         "optimizer.learning_rate=1e-3", "optimizer.learning_rate=3e-3"]
     assert [g.label() for g in rank(groups, "val_accuracy", maximize=False)] == [
         "optimizer.learning_rate=3e-3", "optimizer.learning_rate=1e-3"]
+    # `seed=0,0,1`: seed 0 ran twice, the same experiment: counted once, not as a third draw
+    rows = [{"overrides": f"seed={s}", "val_accuracy": v} for s, v in ((0, 0.8), (0, 0.8),
+                                                                        (1, 0.9))]
+    [group] = group_repeats(rows, ["val_accuracy"])
+    assert (group.seeds, group.n, group.stats["val_accuracy"].n) == (["0", "0", "1"], 2, 2)
+    assert group.stats["val_accuracy"].mean == pytest.approx(0.85)
+    lines = repeats_markdown([group], ["seed"], "val_accuracy", ["val_accuracy"])
+    assert "| 1 | (no other override) | 2 | 0 0 1 |" in "\n".join(lines)
+    assert "A seed listed twice ran twice in its configuration: it counts once" in lines[-1]
 
 
 def test_repeats_are_ranked_on_the_validation_mean_with_intervals(tmp_path):

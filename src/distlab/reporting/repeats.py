@@ -77,8 +77,19 @@ class Group:
 
     @property
     def n(self) -> int:
-        """Completed repeats (those with figures)."""
-        return sum(_completed(r) for r in self.rows)
+        """Completed repeats (those with figures), a seed run twice counted once."""
+        return len(self.counted())
+
+    def counted(self, seed: str = SEED) -> list[Mapping[str, Any]]:
+        """The completed rows, one per seed (the first): a seed run again is the same
+        experiment, not another draw of it."""
+        seen, rows = set(), []
+        for row in filter(_completed, self.rows):
+            value = overrides_of(row).get(seed)
+            if value is None or value not in seen:
+                rows.append(row)
+                seen.add(value)
+        return rows
 
     def label(self, keys: Sequence[str] | None = None) -> str:
         """`key=value ...` for `keys` (default: every key of the config)."""
@@ -112,7 +123,7 @@ def group_repeats(rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
         if seed_value is not None:
             group.seeds.append(seed_value)
     for group in groups.values():
-        done = [r for r in group.rows if _completed(r)]
+        done = group.counted(seed)
         for name in fields:
             stat = interval(r.get(name) for r in done)
             if stat is not None:

@@ -220,6 +220,9 @@ def repeats_markdown(groups: Sequence[Group], swept: Sequence[str], objective: s
         cells = [place, group.label(keys) or "(no other override)", group.n,
                  " ".join(group.seeds), *(_stat(group.stats.get(f)) for f in fields)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    if any(len(set(g.seeds)) < len(g.seeds) for g in groups):
+        lines += ["", "A seed listed twice ran twice in its configuration: it counts once "
+                  "(the same experiment again, not another draw of it)."]
     return lines
 
 

@@ -176,6 +176,14 @@ def test_a_builders_splits_take_tfds_slices(tiny_data_dir, monkeypatch):
     with pytest.raises(DistlabError,
                        match=re.escape("\"dataset.test_split='train[:10]'\" shares")):
         _load(tiny_data_dir, "dataset.test_split='train[:10]'")  # a tfds dataset's, likewise
+    # a whole split the builder returns empty: refused as a slice without rows is
+    monkeypatch.setitem(DATASETS._items, "no_test",
+                        lambda cfg: DataSplits(train=rows(0, 800), test=rows(1000, 0),
+                                               num_classes=2))
+    with pytest.raises(DistlabError, match=re.escape(
+            "dataset.test_split='test': the split 'test' that dataset.name='no_test' returns "
+            "has no rows (train (800 rows), test (0 rows))")):
+        _load(tiny_data_dir, *user, "dataset.name=no_test")
 
 
 @pytest.mark.parametrize("overrides,needle", [

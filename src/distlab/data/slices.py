@@ -41,9 +41,12 @@ def select(spec: str, key: str, splits: dict[str, tf.data.Dataset], counts: dict
     a dataset builder's splits sliced and joined as tfds slices and joins its own. One line
     naming the key for a spec tfds cannot read, a split the builder does not return, or a
     selection without rows."""
-    if spec in splits:  # a whole split, as it is
-        return splits[spec], counts[spec]
     have = ", ".join(f"{name} ({n} rows)" for name, n in counts.items())
+    if spec in splits:  # a whole split, as it is
+        if counts[spec] == 0:
+            raise DistlabError(f"dataset.{key}={spec!r}: the split {spec!r} that {owner} "
+                               f"returns has no rows ({have}); return rows for it")
+        return splits[spec], counts[spec]
     try:
         parts = rows(spec, split_infos(counts))
     except ValueError as e:

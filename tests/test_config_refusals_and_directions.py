@@ -60,6 +60,9 @@ def _one_line_refusal(tmp_path, *overrides: str) -> str:
      "trainer.validate_every=5 exceeds trainer.epochs=3"),
     (["trainer.validate_every=5", "trainer.epochs=3", "trainer.target.metric=val_accuracy",
       "trainer.target.value=0.9"], "would never be measured"),
+    # paths TensorFlow would read as file patterns (it trained, then could not export)
+    (["dataset.cache_dir='/tmp/c[1]'"], "dataset.cache_dir=/tmp/c[1] has '[' in its path"),
+    (["mode=evaluate", "ckpt_path='/runs/b*'"], "ckpt_path=/runs/b* has '*' in its path"),
 ])
 def test_bad_values_are_one_line_naming_the_key(overrides, needle):
     """Checked in this process (Hydra's composition, then distlab's validation, as the

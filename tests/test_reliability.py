@@ -384,6 +384,14 @@ def test_unwritable_output_dir_and_bad_data_dir(tiny_data_dir, tmp_path):
         assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
         [line] = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
         assert "/proc/distlab-test" in line and "hydra." in line, line
+    # brackets (a sweep's ${hydra.job.override_dirname} of a slice): refused before training,
+    # where it trained and then could not export, resume or evaluate
+    bracketed = tmp_path / "split=train[:64]"
+    out = run_cli(*fast_overrides(tiny_data_dir), f"hydra.run.dir='{bracketed}'", timeout=60)
+    text = out.stdout + out.stderr
+    assert out.returncode == 2 and "Traceback" not in text, text[-3000:]
+    assert f"output directory {bracketed} has '[' in its path" in text, text[-3000:]
+    assert not (bracketed / "checkpoints").exists()
 
     out = run_cli(f"dataset.data_dir={blocker}", f"hydra.run.dir={tmp_path / 'r'}", timeout=60)
     text = out.stdout + out.stderr

@@ -14,6 +14,7 @@ from distlab.config.figures import check_objective, check_task_metrics, check_wa
 from distlab.config.schema import GROUP_SCHEMAS, INT_LIMIT, SEED, Config, Rule
 from distlab.errors import ConfigError, DistlabError, composition_error
 from distlab.records.metrics import BUILTIN_METRICS, builtin_task_metrics
+from distlab.records.run_dir import pattern_problem
 
 JIT_ON_LOGICAL_CPUS = (
     "loop.jit_compile=true cannot run on several logical CPU devices (strategy.cpu_devices>1): "
@@ -122,6 +123,9 @@ def validate(cfg: DictConfig) -> None:
     check_objective_needs(cfg)
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+    for key in ("ckpt_path", "dataset.cache_dir"):
+        if problem := pattern_problem(OmegaConf.select(cfg, key, default=None)):
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} {problem}")
     # a user dataset's node gets its registered schema (and these defaults) after this check
     validation = OmegaConf.select(cfg, "dataset.validation", default="auto")
     test_split = OmegaConf.select(cfg, "dataset.test_split", default="test")

@@ -45,6 +45,14 @@ def history_columns(metrics: list[str], test: bool = False,
             "examples_per_sec"]
 
 
+def pattern_problem(path: object) -> str | None:
+    """What is wrong with a path that holds `[`, `]`, `*` or `?` (TensorFlow reads checkpoint,
+    SavedModel and cache paths as file patterns), or None."""
+    found = next((c for c in "[]*?" if c in str(path or "")), None)
+    return None if found is None else (
+        f"has {found!r} in its path, which TensorFlow reads as a file pattern when it "
+        "restores checkpoints, loads the SavedModel or reads a cache: choose a path "
+        "without [ ] * ?")
 
 
 class RunDirBusy(DistlabError):
@@ -76,6 +84,11 @@ class RunDir:
     not_started_mark = property(lambda self: self.path / ".distlab" / "not_started")
 
     def check_writable(self) -> None:
+        if problem := pattern_problem(self.path):
+            raise DistlabError(
+                f"output directory {self.path} {problem}, with hydra.run.dir=... (in a sweep: "
+                "hydra.sweep.dir and hydra.sweep.subdir, whose ${hydra.job.override_dirname} "
+                "holds the brackets of a list or slice override)")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=self.path):

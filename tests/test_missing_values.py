@@ -139,3 +139,19 @@ def test_the_check_reads_each_split_once_not_each_epoch(tmp_path):
     clean = _load(lambda cfg: DataSplits(train=_columns(40, 0), test=_columns(8, 1),
                                          num_classes=2))
     assert clean.num_train == 40  # finite data loads as before
+
+
+
+def test_class_labels_outside_the_classes_are_named_with_their_split():
+    """A builder's class label outside 0..num_classes-1 (TensorFlow's error mid-run, before)
+    is one line naming the split and the label, from the same one pass per split."""
+    x, y = _columns(40, 0)
+    head = {k: v[:8] for k, v in x.items()}
+    for labels, split, bad in ((np.where(np.arange(40) == 7, 4, y), "train", 4),
+                               (np.where(np.arange(40) == 3, -1, y), "train", -1)):
+        with pytest.raises(DistlabError, match=re.escape(
+                f"its {split} split has the class label {bad}, outside 0..1 (num_classes=2)")):
+            _load(lambda cfg, labels=labels: DataSplits(train=(x, labels), test=(head, y[:8]),
+                                                        num_classes=2))
+    with pytest.raises(DistlabError, match=re.escape("its test split has the class label 2")):
+        _load(lambda cfg: DataSplits(train=(x, y), test=(head, np.full(8, 2)), num_classes=2))

@@ -102,6 +102,29 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
     return with_held_out(raw, class_labels(train) if classes else None, choice, cfg)
 
 
+def check_class_range(splits: dict[str, tf.data.Dataset | None], num_classes: int,
+                      key: str) -> None:
+    """Refuse, in one line, class labels outside 0..num_classes-1 in a split ({"train split
+    'train'": dataset, ...}) of a builder's (the loss would fail in the first step that meets
+    one, with TensorFlow's error); tfds' ClassLabel guarantees them. One pass over each
+    split's labels (after the finite check's: from the memory cache it filled)."""
+    top, bottom = tf.int64.max, tf.int64.min
+    for name, ds in splits.items():
+        if ds is None:
+            continue
+        labels = ds.map(lambda x, y: tf.reshape(tf.cast(y, tf.int64), [-1])).unbatch()
+        low, high = labels.batch(finite.CHECK_BATCH).reduce(
+            (tf.constant(top), tf.constant(bottom)),
+            lambda acc, b: (tf.minimum(acc[0], tf.reduce_min(b)),
+                            tf.maximum(acc[1], tf.reduce_max(b))))
+        low, high = int(low), int(high)
+        if low < 0 or high >= num_classes:
+            bad = low if low < 0 else high
+            raise DistlabError(f"{key}: its {name} has the class label {bad}, outside "
+                               f"0..{num_classes - 1} (num_classes={num_classes}): give "
+                               "num_classes as the number of classes, and labels from 0")
+
+
 def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
     if isinstance(split, tf.data.Dataset):
         spec = split.element_spec

@@ -22,7 +22,7 @@ from tensorflow.autograph.experimental import do_not_convert
 
 from distlab.data import cache as data_cache
 from distlab.data import finite
-from distlab.data.builder_source import BuilderSource
+from distlab.data.builder_source import BuilderSource, check_class_range
 from distlab.data.holdout import hold_out
 from distlab.data.source import DataSource
 from distlab.data.stream import AUTOTUNE, Data, in_memory, prefetched
@@ -81,11 +81,13 @@ def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | 
         train = train if train_rows is not None else train.cache()
         test = test.cache()
         validation = validation.cache() if validation is not None else None
-    finite.check_splits(  # one pass each, which fills the memory cache: the first epoch's
-        {_role("train", cfg.train_split): train,
-         _role("validation", splits.validation_from): validation,
-         _role("test", cfg.test_split): test}, input_names(raw_input), raw_input,
-        f"dataset.name={cfg.name!r}")
+    roles = {_role("train", cfg.train_split): train,
+             _role("validation", splits.validation_from): validation,
+             _role("test", cfg.test_split): test}
+    # one pass each, which fills the memory cache: the first epoch's
+    finite.check_splits(roles, input_names(raw_input), raw_input, f"dataset.name={cfg.name!r}")
+    if splits.classes and isinstance(origin, BuilderSource):
+        check_class_range(roles, splits.outputs, f"dataset.name={cfg.name!r}")
     steps = steps_per_epoch or math.ceil(num_train / gb)
     return Data(
         name=cfg.name,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -201,3 +203,15 @@ def test_a_new_source_is_one_class_listed_in_the_pipeline_s_sources(monkeypatch)
     prints = fingerprint.of_splits(cfg, d.splits)
     assert prints["train"].startswith("10-") and prints["test"].startswith("4-")
     assert prints["validation"] is None
+
+
+@pytest.mark.parametrize("name, says", [
+    ("no_such_ds", "dataset.name='no_such_ds' is not a tensorflow-datasets dataset"),
+    ("''", "dataset.name='' cannot be read by tensorflow-datasets (Parsing builder name"),
+    ("mnist:9.9.9", "cannot be loaded at version 9.9.9, only: 3.0.1"),
+])
+def test_a_name_tfds_cannot_read_is_one_line_naming_the_key(name, says, tiny_data_dir):
+    cfg = compose_once([f"dataset.name={name}", f"dataset.data_dir={tiny_data_dir}"]).dataset
+    with pytest.raises(DistlabError, match=re.escape(says)) as refused:
+        data_lib.load(cfg, num_replicas=1, seed=0, steps_per_epoch=None)
+    assert "\n" not in str(refused.value)

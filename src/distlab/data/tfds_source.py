@@ -54,6 +54,10 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
             f"dataset.name={name!r} is not a tensorflow-datasets dataset: use a tfds name such "
             "as mnist or fashion_mnist (see tfds.list_builders())"
         ) from None
+    except (ValueError, AssertionError) as e:  # an empty name, a version tfds does not have
+        raise DistlabError(f"dataset.name={name!r} cannot be read by tensorflow-datasets "
+                           f"({str(e).strip().splitlines()[0]}): use a tfds name such as "
+                           "mnist, or name:version with a version it has") from None
 
 
 def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:

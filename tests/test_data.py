@@ -207,7 +207,7 @@ def test_a_new_source_is_one_class_listed_in_the_pipeline_s_sources(monkeypatch)
 
 @pytest.mark.parametrize("name, says", [
     ("no_such_ds", "dataset.name='no_such_ds' is not a tensorflow-datasets dataset"),
-    ("''", "dataset.name='' cannot be read by tensorflow-datasets (Parsing builder name"),
+    ("''", "dataset.name='' cannot be read by tensorflow-datasets in dataset.data_dir="),
     ("mnist:9.9.9", "cannot be loaded at version 9.9.9, only: 3.0.1"),
 ])
 def test_a_name_tfds_cannot_read_is_one_line_naming_the_key(name, says, tiny_data_dir):

@@ -225,11 +225,9 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
     cases["target"] = (["objective=time_to_target_s"], "objective=time_to_target_s needs "
                        "trainer.target, and none is configured")  # no trial could measure it
     cases["inverted"] = (["optimizer.learning_rate=interval(0.01,0.001)"],
-                         "optimizer.learning_rate=interval(0.01,0.001): nothing to search")
+                         "optimizer.learning_rate=interval(0.01,0.001): Optuna cannot search it")
     cases["misspelt"] = (["optimizer.no_such=interval(0.1,0.2)"],  # no trial could set it
                          "optimizer.no_such is not a key of optimizer")
-    cases["added"] = (["+optimizer.no_such=interval(0.1,0.2)"],  # no trial would read it
-                      "optimizer.no_such is not a key of optimizer (name: adam)")
     for name, (extra, expected) in cases.items():
         out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
                       "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / name}", *extra,
@@ -238,8 +236,7 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
         assert out.returncode == 2 and expected in text, (name, text[-2000:])
         assert "Traceback" not in text and not (tmp_path / name / "0").exists(), name
     assert len(_study(spaced).trials) == 1  # the study left as it was: no trial asked
-    for name in ("misspelt", "added"):
-        assert not (tmp_path / name / "optuna.journal").exists()  # no study, no trial
+    assert not (tmp_path / "misspelt" / "optuna.journal").exists()  # no study, no trial
 
 
 # --------------------------------------------------------------------------- slow

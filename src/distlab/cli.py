@@ -47,6 +47,10 @@ def hydra_job(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    if multirun:  # first: a job this sweep launched is in its summary, whatever it does
+        from distlab.launch import refusals
+
+        refusals.record_launched(hydra_cfg.sweep.dir, Path(hydra_cfg.runtime.output_dir))
     if workers.launches(cfg):  # strategy.workers=N: start them (no TensorFlow here)
         if multirun:
             sys.exit(f"error: strategy.workers={cfg.strategy.workers} starts the workers of "
@@ -63,13 +67,12 @@ def hydra_job(cfg: DictConfig) -> float | None:
         if results.exit_code:
             sys.exit(results.exit_code)
         return results.objective
-    from distlab.launch import refusals, sweep_parent, sweep_signals
+    from distlab.launch import sweep_parent, sweep_signals
 
     # a job process of its own (joblib, submitit_local) stops if the sweep dies, and when
     # the sweep's process asks it to (Ctrl-C or SIGTERM of the sweep)
     sweep_parent.stop_when_orphaned()
     output_dir = hydra_cfg.runtime.output_dir
-    refusals.record_launched(hydra_cfg.sweep.dir, Path(output_dir))  # (for its summary)
     results = sweep_signals.run_job(
         lambda: run(cfg, output_dir, multirun=True, sweep_dir=hydra_cfg.sweep.dir),
         hydra_cfg.job.num, output_dir)
@@ -180,8 +183,11 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         # where check_output_dir_args could not tell (root on a filesystem that refuses)
         from distlab.launch import sweep_signals
 
-        sweep_signals.end()
-        print(f"error: cannot write {e.filename or 'the output folder'} ({e.strerror or e}): "
+        if (status := sweep_signals.broken(e)) is not None:  # a coordinated sweep's launcher
+            sys.exit(status)
+        if not e.filename:  # not a file's: as any other error
+            raise
+        print(f"error: cannot write {e.filename} ({e.strerror or e}): "
               "choose a folder you can write with hydra.run.dir=... (hydra.sweep.dir=... "
               "with -m)", file=sys.stderr)
         sys.exit(1)

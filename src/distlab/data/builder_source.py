@@ -107,7 +107,7 @@ def check_class_range(splits: dict[str, tf.data.Dataset | None], num_classes: in
     """Refuse, in one line, class labels outside 0..num_classes-1 in a split ({"train split
     'train'": dataset, ...}) of a builder's (the loss would fail in the first step that meets
     one, with TensorFlow's error); tfds' ClassLabel guarantees them. One pass over each
-    split's labels (after the finite check's: from the memory cache it filled)."""
+    split's labels (from the memory cache where the finite check's pass filled it)."""
     top, bottom = tf.int64.max, tf.int64.min
     for name, ds in splits.items():
         if ds is None:

@@ -55,9 +55,11 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
             "as mnist or fashion_mnist (see tfds.list_builders())"
         ) from None
     except (ValueError, AssertionError) as e:  # an empty name, a version tfds does not have
-        raise DistlabError(f"dataset.name={name!r} cannot be read by tensorflow-datasets "
-                           f"({str(e).strip().splitlines()[0]}): use a tfds name such as "
-                           "mnist, or name:version with a version it has") from None
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        where = f" in dataset.data_dir={data_dir}" if data_dir else ""
+        raise DistlabError(f"dataset.name={name!r} cannot be read by tensorflow-datasets"
+                           f"{where} ({why}): use a tfds name such as mnist, or name:version "
+                           "with a version it has") from None
 
 
 def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:

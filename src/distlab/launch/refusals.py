@@ -36,6 +36,15 @@ def _name(run_dir: Path) -> str:
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
+def job_path(sweep_dir: str | Path, run_dir: Path) -> str:
+    """`run_dir` relative to `sweep_dir` (its job's place, the same on every host), or its
+    resolved path where it is not under it."""
+    try:
+        return str(run_dir.resolve().relative_to(Path(sweep_dir).resolve()))
+    except ValueError:
+        return str(run_dir.resolve())
+
+
 def record_launched(sweep_dir: str | Path, run_dir: Path) -> None:
     """Record that this sweep invocation launched the job of `run_dir` (nothing without a
     sweep id: a launcher whose jobs do not inherit it, whose summary then lists every job
@@ -46,13 +55,13 @@ def record_launched(sweep_dir: str | Path, run_dir: Path) -> None:
     folder = _folder(sweep_dir, sweep_id, "launched")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / _name(run_dir)).write_text(str(run_dir.resolve()) + "\n")
+        (folder / _name(run_dir)).write_text(job_path(sweep_dir, run_dir) + "\n")
     except OSError:
         pass  # the summary then lists every job dir, as before
 
 
 def launched(sweep_dir: str | Path) -> set[str]:
-    """The resolved run dirs of the jobs this sweep invocation launched (empty: unknown)."""
+    """The job paths (`job_path`) this sweep invocation launched (empty: unknown)."""
     folder = _folder(sweep_dir, os.environ.get(SWEEP_ID), "launched")
     found = set()
     for path in folder.iterdir() if os.environ.get(SWEEP_ID) and folder.is_dir() else ():

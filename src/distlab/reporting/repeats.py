@@ -71,6 +71,7 @@ class Group:
     seed left out), the seeds, the rows, and each figure's Interval over the completed ones."""
 
     config: dict[str, str]
+    seed: str = SEED  # the override that differs within the group
     seeds: list[str] = field(default_factory=list)
     rows: list[Mapping[str, Any]] = field(default_factory=list)
     stats: dict[str, Interval] = field(default_factory=dict)
@@ -80,12 +81,12 @@ class Group:
         """Completed repeats (those with figures), a seed run twice counted once."""
         return len(self.counted())
 
-    def counted(self, seed: str = SEED) -> list[Mapping[str, Any]]:
+    def counted(self) -> list[Mapping[str, Any]]:
         """The completed rows, one per seed (the first): a seed run again is the same
         experiment, not another draw of it."""
         seen, rows = set(), []
         for row in filter(_completed, self.rows):
-            value = overrides_of(row).get(seed)
+            value = overrides_of(row).get(self.seed)
             if value is None or value not in seen:
                 rows.append(row)
                 seen.add(value)
@@ -118,12 +119,12 @@ def group_repeats(rows: Sequence[Mapping[str, Any]], fields: Sequence[str],
     for row in rows:
         values = overrides_of(row)
         seed_value = values.pop(seed, None)
-        group = groups.setdefault(tuple(sorted(values.items())), Group(config=values))
+        group = groups.setdefault(tuple(sorted(values.items())), Group(config=values, seed=seed))
         group.rows.append(row)
         if seed_value is not None:
             group.seeds.append(seed_value)
     for group in groups.values():
-        done = group.counted(seed)
+        done = group.counted()
         for name in fields:
             stat = interval(r.get(name) for r in done)
             if stat is not None:

@@ -160,14 +160,12 @@ class DistlabOptunaSweeper(Sweeper):
             check_objective_needs(self._job_cfg)  # (a field no trial could write)
         self._location = storage_location(self.storage, self._sweep_dir)
         # one trial's job config composed now: a key Hydra cannot set (a misspelt searched
-        # key), or one added with `+` that nothing reads, is refused before the study records
-        # a trial that no job could run (a user option's keys: its job checks them)
-        from distlab.config.checks import check_unknown_keys
-
+        # key) is refused before the study records a trial that no job could run. (A key
+        # added with `+` is the job's to check, once the user's code that may declare it is
+        # loaded: not here)
         first = {k: _first_value(d) for k, d in space.items()}
-        trial = self._hydra_context.config_loader.load_sweep_config(self._config,
-                                                                    self._overrides(0, first))
-        check_unknown_keys(OmegaConf.masked_copy(trial, [k for k in trial if k != "hydra"]))
+        self._hydra_context.config_loader.load_sweep_config(self._config,
+                                                            self._overrides(0, first))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
         try:

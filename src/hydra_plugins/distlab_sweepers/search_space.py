@@ -21,10 +21,10 @@ def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dic
         except ValueError as e:  # Optuna's check of its bounds: interval(0.1, 0.01)
             from distlab.errors import ConfigError
 
-            raise ConfigError(f"{override.input_line}: nothing to search ("
-                              f"{str(e).splitlines()[0].rstrip('.')}); an interval(low, high) "
-                              "needs low <= high, a range(start, stop, step) one value at "
-                              "least") from None
+            raise ConfigError(f"{override.input_line}: Optuna cannot search it ("
+                              f"{str(e).splitlines()[0].rstrip('.')}): an interval(low, high) "
+                              "needs low <= high (and low > 0 under tag(log, ...)), a "
+                              "range(start, stop, step) one value at least") from None
         if isinstance(value, str):
             fixed[key] = value
             space.pop(key, None)

@@ -100,6 +100,19 @@ def test_diabetes_sweep_over_both_loops_reports_the_tasks_metrics(tmp_path):
             assert float(jobs[num][metric]) == pytest.approx(results[metric], rel=1e-9), metric
 
 
+def test_the_readmes_search_runs_on_the_examples_dataset_and_its_own_keys(tmp_path):
+    """The example README's Optuna search on the project's own dataset (a node with keys of
+    its own, test_fraction): the sweeper's composition of one trial before the study passes,
+    and the trial completes, ranked on val_mae."""
+    run_example("experiment=diabetes", "hparams_search=optuna", "objective=val_mae",
+                "hydra.sweeper.direction=minimize", "hydra.sweeper.n_trials=1",
+                "strategy=default", "trainer.epochs=1", "trainer.export=false",
+                f"hydra.sweep.dir={tmp_path}", *QUIET, timeout=240)
+    with open(tmp_path / "summary.csv", newline="") as f:
+        [job] = list(csv.DictReader(f))
+    assert (job["status"], job["objective"]) == ("completed", "val_mae")
+
+
 def check_breast_cancer_served(run_dir: Path, replicas: int) -> None:
     """task=binary on raw features standardised inside the model: the SavedModel, served raw
     test features, gives the run's test_auc (scikit-learn's ROC AUC, within 2e-3), and its

@@ -179,24 +179,19 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         sweep_signals.end()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except OSError as e:  # Hydra's own writes (the run or sweep dir, .hydra/, the log file)
-        # where check_output_dir_args could not tell (root on a filesystem that refuses)
-        from distlab.launch import sweep_signals
-
-        if (status := sweep_signals.broken(e)) is not None:  # a coordinated sweep's launcher
-            sys.exit(status)
-        if not e.filename:  # not a file's: as any other error
-            raise
-        print(f"error: cannot write {e.filename} ({e.strerror or e}): "
-              "choose a folder you can write with hydra.run.dir=... (hydra.sweep.dir=... "
-              "with -m)", file=sys.stderr)
-        sys.exit(1)
     except Exception as e:  # a process launcher's error (a job's process died): one line
         from distlab.launch import sweep_signals
 
         status = sweep_signals.broken(e)
-        if status is None:
-            raise
-        sys.exit(status)
+        if status is not None:
+            sys.exit(status)
+        if isinstance(e, OSError) and e.filename:  # Hydra's own writes (the run or sweep
+            # dir, .hydra/, the log file) where check_output_dir_args could not tell (root
+            # on a filesystem that refuses)
+            print(f"error: cannot write {e.filename} ({e.strerror or e}): choose a folder you "
+                  "can write with hydra.run.dir=... (hydra.sweep.dir=... with -m)",
+                  file=sys.stderr)
+            sys.exit(1)
+        raise
     finally:
         os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -124,8 +124,9 @@ def validate(cfg: DictConfig) -> None:
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
     for key in ("ckpt_path", "dataset.cache_dir"):
-        if problem := pattern_problem(OmegaConf.select(cfg, key, default=None)):
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} {problem}")
+        path = OmegaConf.select(cfg, key, default=None)
+        if problem := pattern_problem(path):
+            raise ConfigError(f"{key}={path} {problem}")
     # a user dataset's node gets its registered schema (and these defaults) after this check
     validation = OmegaConf.select(cfg, "dataset.validation", default="auto")
     test_split = OmegaConf.select(cfg, "dataset.test_split", default="test")

@@ -80,15 +80,16 @@ def find_jobs(sweep_dir: str | Path, this_sweep: bool = False) -> list[Job]:
     the same dir, that this one did not repeat)."""
     jobs = []
     refused = refusals.read(sweep_dir)
+    found = {y: refusals.job_path(sweep_dir, y.parent.parent)
+             for y in Path(sweep_dir).glob("**/.hydra/hydra.yaml")}
     ours = refusals.launched(sweep_dir) if this_sweep else set()
-    found = list(Path(sweep_dir).glob("**/.hydra/hydra.yaml"))
-    if not any(refusals.job_path(sweep_dir, y.parent.parent) in ours for y in found):
-        ours = set()  # recorded under other paths than these: every job dir
-    for hydra_yaml in found:
+    if ours.isdisjoint(found.values()):
+        ours = set()  # none recorded, or under other paths than these: every job dir
+    for hydra_yaml, place in found.items():
         path = hydra_yaml.parent.parent
         if ".distlab" in path.relative_to(sweep_dir).parts:
             continue  # a run dir's own snapshot of .hydra/
-        if ours and refusals.job_path(sweep_dir, path) not in ours:
+        if ours and place not in ours:
             continue  # an earlier sweep's job that this one did not launch
         overrides_yaml = hydra_yaml.parent / "overrides.yaml"
         overrides = OmegaConf.load(overrides_yaml) if overrides_yaml.exists() else []

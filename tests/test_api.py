@@ -86,6 +86,24 @@ def test_train_reports_errors_instead_of_raising(tmp_path):
     assert after == before and not (run_dir / "run.log").exists()
 
 
+def test_a_users_model_builder_that_raises_is_named_by_key_with_its_traceback_in_run_log(
+        tiny_data_dir, tmp_path, monkeypatch):
+    """No training: the builder raises before the model exists."""
+    import distlab
+
+    (tmp_path / "broken_parts.py").write_text(
+        "def net(cfg, input_shape, outputs):\n"
+        "    raise ValueError('units must be positive, got -3')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    failed = distlab.train([*fast_overrides(tiny_data_dir), "model.name=broken_parts:net"],
+                           config_path=ROOT / "conf", output_dir=tmp_path / "run")
+    assert failed.exit_code == 2 and failed.error == (
+        "model.name='broken_parts:net' failed: ValueError: units must be positive, got -3")
+    log = (tmp_path / "run" / "run.log").read_text()
+    assert f"{failed.error} (traceback in run.log)" in log
+    assert "broken_parts.py\", line 2, in net" in log  # the user's frame, for the fix
+
+
 def test_config_dir_adds_the_users_configs_as_the_commands_config_dir(tmp_path, monkeypatch):
     """`config_dir` is the command's `--config-dir`: the user's YAMLs join distlab's groups
     (it used to replace distlab's configs: "Cannot find primary config 'config'")."""

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, compose, refusal_in_process, run_command
 
 from distlab import plugins
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, UserCodeError
 from distlab.registry import MODELS, Registry, RegistryError, is_import_path, register
 
 
@@ -24,6 +24,22 @@ def test_register_and_get():
         return "A"
 
     assert reg.get("a")(None) == "A" and "a" in reg and reg.names() == ["a"]
+
+
+def test_a_users_builder_that_raises_is_one_line_naming_the_key_with_its_cause_kept():
+    reg = Registry("widget", ("cfg",), {"own": "distlab.components.models:cnn"})
+
+    @reg.register("mine")
+    def build_mine(cfg):
+        raise ValueError("units must be positive, got -3\nsecond line")
+
+    with pytest.raises(UserCodeError) as raised:
+        reg.build("mine", None)
+    assert str(raised.value) == ("widget.name='mine' failed: ValueError: units must be "
+                                 "positive, got -3")
+    assert isinstance(raised.value.__cause__, ValueError)  # its traceback, for run.log
+    with pytest.raises(TypeError):  # distlab's own builder's error is distlab's, not wrapped
+        reg.build("own", None)
 
 
 def test_duplicate_name_is_an_error_naming_the_first():

@@ -50,6 +50,11 @@ class ConfigError(DistlabError):
     """A composed config value that is well-typed but impossible (e.g. batch size 0)."""
 
 
+class UserCodeError(DistlabError):
+    """The user's code (a builder, callback or imported module) raised: one line naming the
+    key, `raise ... from` the error, whose traceback a job writes to run.log."""
+
+
 _NOISE = ("full_key:", "reference_type=", "object_type=", "Set the environment variable")
 
 

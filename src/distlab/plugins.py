@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from distlab.config.checks import check_metric_names, check_unknown_keys
 from distlab.data.prepared import check_tfds
-from distlab.errors import ConfigError, DistlabError, described, first_line
+from distlab.errors import ConfigError, DistlabError, UserCodeError, described, first_line
 from distlab.registry import CALLBACKS, DATASETS, REGISTRIES, is_tfds_name
 
 ENTRY_POINT_GROUP = "distlab.plugins"
@@ -97,7 +97,7 @@ def import_modules(modules: list[str]) -> None:
                 ) from None
             raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
         except Exception as e:  # noqa: BLE001 - user code, reported on one line
-            raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
+            raise UserCodeError(f"imports[{i}]={module!r} raised {described(e)}") from e
 
 
 def _refuse_not_a_module(i: int, module: str, missing: str) -> None:

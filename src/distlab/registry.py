@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from distlab.errors import DistlabError, described
+from distlab.errors import DistlabError, UserCodeError, described
 from distlab.records.metrics import BUILTIN_METRICS, BUILTIN_TASKS
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -81,6 +81,20 @@ class Registry:
         fn = _locate(name, key)
         self._check_signature(fn, key)
         return fn
+
+    def build(self, name: str, *args: Any, **optional: Any) -> Any:
+        """`name`'s builder called with `args` (and those of `optional` it declares, as
+        `call`); an error from a builder of the user's is one line naming the key, its
+        traceback kept as the cause."""
+        fn = self.get(name)
+        try:
+            return call(fn, *args, **optional)
+        except DistlabError:
+            raise
+        except Exception as e:
+            if self.is_builtin(name):
+                raise
+            raise UserCodeError(f"{self.group}.name={name!r} failed: {described(e)}") from e
 
     def check(self, name: str) -> None:
         """Raise if `name` cannot be resolved; registered names are not imported (distlab's

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from distlab.config.checks import check
 from distlab.config.schema import RESNET_DEPTH
 from distlab.errors import ConfigError
-from distlab.registry import MODELS, call  # lists the builders below by import path
+from distlab.registry import MODELS  # lists the builders below by import path
 
 if TYPE_CHECKING:
     from distlab.data.stream import Data
@@ -196,7 +196,7 @@ def build(cfg: DictConfig, input_shape: Any, outputs: int, **optional: Any) -> k
     Under a mixed dtype policy (`precision`) its outputs are float32: distlab's builders
     give their last layer a float32 dtype; any other model whose outputs are not float32
     gets a float32 cast layer after them (Keras' mixed-precision guide)."""
-    model = call(MODELS.get(cfg.name), cfg, input_shape, outputs, **optional)
+    model = MODELS.build(cfg.name, cfg, input_shape, outputs, **optional)
     if not isinstance(model, keras.Model):
         raise ConfigError(f"model.name={cfg.name!r} returned {type(model).__name__}; a model "
                           "builder returns a keras.Model")

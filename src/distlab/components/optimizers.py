@@ -68,4 +68,4 @@ def apply_leftover_gradients(optimizer: keras.optimizers.Optimizer,
 
 def build(cfg: DictConfig, learning_rate) -> keras.optimizers.Optimizer:
     """Call inside `strategy.scope()`; `learning_rate` is a float or a schedule."""
-    return OPTIMIZERS.get(cfg.name)(cfg, learning_rate)
+    return OPTIMIZERS.build(cfg.name, cfg, learning_rate)

@@ -94,6 +94,6 @@ def exponential(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int)
 
 def build(cfg: DictConfig, base: float, steps_per_epoch: int, epochs: int):
     """The schedule named by `cfg.name`, with `cfg.warmup_epochs` of linear warmup."""
-    schedule = SCHEDULES.get(cfg.name)(cfg, base, steps_per_epoch, epochs)
+    schedule = SCHEDULES.build(cfg.name, cfg, base, steps_per_epoch, epochs)
     warmup_steps = round(cfg.warmup_epochs * steps_per_epoch)
     return LinearWarmup(schedule, warmup_steps) if warmup_steps > 0 else schedule

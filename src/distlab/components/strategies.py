@@ -229,7 +229,7 @@ def build(cfg: DictConfig, results_json: Path | None = None,
     if cfg.name == "multi_worker_mirrored":
         strategy = multi_worker_mirrored(cfg, results_json, failed)
     else:
-        strategy = STRATEGIES.get(cfg.name)(cfg)
+        strategy = STRATEGIES.build(cfg.name, cfg)
     devices = _worker_devices(strategy)
     log.info("strategy %s with %d replica(s) on %s", name(strategy),
              strategy.num_replicas_in_sync, ", ".join(d.split("/")[-1] for d in devices) or "-")

@@ -22,7 +22,7 @@ import tensorflow as tf
 from omegaconf import DictConfig
 from tensorflow.autograph.experimental import do_not_convert
 
-from distlab.errors import DistlabError
+from distlab.errors import DistlabError, UserCodeError
 
 PerExample = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (y_true, y_pred) -> [batch]
 Prepare = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
@@ -120,7 +120,7 @@ def configured_metrics(cfg: DictConfig, task: Task) -> list[Metric]:
         except Exception as e:  # noqa: BLE001 - a user's builder: one line naming the key
             from distlab.errors import described
 
-            raise DistlabError(f"{where} failed: {described(e)}") from None
+            raise UserCodeError(f"{where} failed: {described(e)}") from e
         metric = as_metric(built, where)
         if not is_import_path(name):
             metric.name = name
@@ -254,7 +254,7 @@ def build(cfg: DictConfig) -> Task:
     metrics as `Metric`s (a bare keras.metrics.Metric wrapped), their names checked."""
     from distlab.registry import TASKS
 
-    task = TASKS.get(cfg.name)(cfg)
+    task = TASKS.build(cfg.name, cfg)
     if not isinstance(task, Task):
         raise DistlabError(f"task.name={cfg.name!r} returned {type(task).__name__}; a task "
                            "builder returns distlab.Task(loss=..., metrics=[...])")

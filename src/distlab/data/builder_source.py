@@ -50,12 +50,7 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
             f"dataset.features.{name}={value} names a tfds feature, and {key} is a dataset "
             "builder of yours, whose DataSplits give the inputs and labels: remove "
             f"dataset.features, or give your builder a key of its own to choose its inputs")
-    try:
-        splits = DATASETS.get(cfg.name)(cfg)
-    except DistlabError:
-        raise
-    except Exception as e:  # noqa: BLE001 - user code: one line naming the key
-        raise DistlabError(f"{key} failed: {described(e)}") from None
+    splits = DATASETS.build(cfg.name, cfg)
     if not isinstance(splits, DataSplits):
         raise DistlabError(f"{key} returned {type(splits).__name__}; a dataset builder "
                            "returns distlab.DataSplits(train, test, num_classes=|num_outputs=)")

@@ -44,6 +44,7 @@ from distlab.errors import (
     ConfigError,
     DistlabError,
     LostWorker,
+    UserCodeError,
     described,
 )
 from distlab.errors import message as error_message
@@ -246,9 +247,14 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         # a DistlabError is one line (when TensorFlow traced the code it came from, without
         # the traced frames); anything else: its type and first line, the traceback in run.log
         message = error_message(e) if user_error else f"{type(e).__name__}: {e}"
-        if not user_error:
+        if isinstance(e, UserCodeError) and e.__cause__ is not None:  # the user's traceback
+            _traceback_to_log_file(e.__cause__)
+            log.error(f"{message} (traceback in run.log)")
+        elif user_error:
+            log.error(message)
+        else:
             _traceback_to_log_file(e)
-        log.error(message if user_error else described(e) + " (traceback in run.log)")
+            log.error(described(e) + " (traceback in run.log)")
         outcome = failed = failed_results(cfg, message, origin or started)
         run_dir.record_failure(failed)
         status = (LOST_WORKER if isinstance(e, LostWorker) else

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from distlab.config.checks import check_callback_entry
 from distlab.config.figures import check_figure, check_validated, needs_validation
-from distlab.errors import ConfigError, DistlabError, described
+from distlab.errors import ConfigError, DistlabError, UserCodeError, described
 from distlab.records.ranking import metric_direction
 from distlab.records.run_dir import figure_columns
 from distlab.registry import CALLBACKS
@@ -159,7 +159,7 @@ class Callbacks:
                 raise
             except Exception as e:  # noqa: BLE001 - user code, reported on one line
                 name = type(group.callbacks[0]).__name__
-                raise DistlabError(f"{key} ({name}.{hook}) raised {described(e)}") from e
+                raise UserCodeError(f"{key} ({name}.{hook}) raised {described(e)}") from e
 
 
 def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | None:
@@ -187,7 +187,7 @@ def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | No
     except DistlabError as e:
         raise ConfigError(f"{what}: {e}") from None
     except Exception as e:  # noqa: BLE001 - user code, reported on one line
-        raise ConfigError(f"{what} could not be built: {described(e)}") from None
+        raise UserCodeError(f"{what} could not be built: {described(e)}") from e
     if not isinstance(callback, keras.callbacks.Callback):
         raise ConfigError(f"{what} built a {type(callback).__name__}, not a "
                           "keras.callbacks.Callback")

@@ -129,7 +129,7 @@ def _execute(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy 
         # (MultiWorkerMirroredStrategy broadcasts each variable's initial value from the chief
         # as the model is built: a peer lost then is a lost worker too)
         exp = experiment.build(cfg, run_dir, strategy, worker, started, origin)
-        loop = LOOPS.get(cfg.loop.name)(exp)
+        loop = LOOPS.build(cfg.loop.name, exp)
         if not isinstance(loop, Loop):
             raise DistlabError(
                 f"loop.name={cfg.loop.name!r} built a {type(loop).__name__}, not a loop: "

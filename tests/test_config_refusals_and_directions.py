@@ -353,3 +353,25 @@ def test_sweep_summary_of_old_regression_jobs_without_an_objective_ranks_mae_dow
     assert "Objective: `val_mae` (minimized)" in md, md
     assert ("Best configuration (chosen on `val_mae`, minimized): "
             "`optimizer.learning_rate=1e-3` (job 0: val_mae 1)") in md, md
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["hydra.run.dir="], "hydra.run.dir"), (["hydra.run.dir=''"], "hydra.run.dir"),
+    (["-m", "seed=1,2", "hydra.sweep.dir=' '"], "hydra.sweep.dir")])
+def test_an_empty_output_dir_is_refused_before_hydra_writes_into_the_current_one(argv, option):
+    from distlab.records.run_dir import check_output_dir_args
+
+    assert check_output_dir_args(argv) == (
+        f"{option} is empty, which Hydra takes as the current directory: give a directory "
+        f"({option}=. if the current one is meant)")
+    assert check_output_dir_args([*argv[:-1], f"{option}=."]) is None
+
+
+@pytest.mark.parametrize("key", ["dataset.data_dir", "dataset.cache_dir"])
+@pytest.mark.parametrize("value", ["''", "' '"])
+def test_an_empty_data_or_cache_dir_is_refused_not_taken_as_the_current_one(key, value):
+    with pytest.raises(ConfigError, match=rf"^{key} is empty, which would be the current "
+                                          rf"directory: give a directory, or null for the "
+                                          rf"default \({key}=null\)$"):
+        validate(compose_once([f"{key}={value}"]))
+    validate(compose_once([f"{key}=null"]))  # the default

@@ -127,6 +127,11 @@ def validate(cfg: DictConfig) -> None:
         path = OmegaConf.select(cfg, key, default=None)
         if problem := pattern_problem(path):
             raise ConfigError(f"{key}={path} {problem}")
+    for key in ("dataset.cache_dir", "dataset.data_dir"):
+        path = OmegaConf.select(cfg, key, default=None)
+        if path is not None and not str(path).strip():
+            raise ConfigError(f"{key} is empty, which would be the current directory: give a "
+                              f"directory, or null for the default ({key}=null)")
     # a user dataset's node gets its registered schema (and these defaults) after this check
     validation = OmegaConf.select(cfg, "dataset.validation", default="auto")
     test_split = OmegaConf.select(cfg, "dataset.test_split", default="test")

@@ -253,6 +253,11 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def blank_output_dir(option: str) -> str:
+    return (f"{option} is empty, which Hydra takes as the current directory: give a directory "
+            f"({option}=. if the current one is meant)")
+
+
 def check_output_dir_args(argv: list[str]) -> str | None:
     """Why the output dir named on the command line cannot be created, or None.
 
@@ -263,6 +268,8 @@ def check_output_dir_args(argv: list[str]) -> str | None:
     target = next((a[len(key):].strip("'\"") for a in argv if a.startswith(key)), "outputs")
     if "${" in target:
         return None
+    if not target.strip():
+        return blank_output_dir(key.rstrip("="))
     path = Path(target).expanduser()
     existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):

@@ -92,6 +92,15 @@ def user_package(tmp_path, monkeypatch):
         def wrong(cfg):
             return {"train": None}
 
+        def batched(cfg):  # tf.data's batch, then a map: a batch per element
+            train = tf.data.Dataset.from_tensor_slices(_arrays(200, 0)).batch(32)
+            return DataSplits(train=train.map(lambda x, y: (x, y)), test=_arrays(50, 1),
+                              num_classes=2)
+
+        def batched_then_unbatched(cfg):  # examples again
+            test = tf.data.Dataset.from_tensor_slices(_arrays(50, 1)).batch(8).unbatch()
+            return DataSplits(train=_arrays(200, 0), test=test, num_classes=2)
+
         def float_labels_as_classes(cfg):
             x, y = _arrays(20, 0)
             return DataSplits(train=(x, y.astype("float32")), test=(x, y), num_classes=2)
@@ -117,12 +126,22 @@ def test_user_dataset_builder(user_package, run_inprocess, builder):
 @pytest.mark.parametrize("builder, message", [
     ("wrong", "returned dict; a dataset builder returns distlab.DataSplits"),
     ("float_labels_as_classes", "num_classes is set but its labels are float32"),
+    ("batched", "dataset.name='user_data:batched': its train dataset is batched (its "
+     "pipeline calls batch): return one (input, label) example per element; distlab "
+     "batches by dataset.batch_size_per_replica times the replicas"),
 ])
 def test_user_dataset_errors(user_package, run_inprocess, tmp_path, builder, message):
     out = tmp_path / builder
     with pytest.raises(SystemExit):
         run_inprocess(*USER, f"dataset.name=user_data:{builder}", out=out)
     assert message in (out / "results.json").read_text()
+
+
+def test_a_builders_dataset_batched_then_unbatched_gives_examples(user_package):
+    from distlab.data.builder_source import builder_splits
+
+    cfg = compose_once(["dataset.name=user_data:batched_then_unbatched"]).dataset
+    assert builder_splits(cfg).test.element_spec[1].shape == ()
 
 
 def test_augmentation_is_refused_for_non_images(user_package, run_inprocess, tmp_path):

@@ -126,6 +126,11 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
         if not (isinstance(spec, tuple) and len(spec) == 2):
             raise DistlabError(f"{key}: its {which} dataset must give (input, label) pairs, "
                                f"not {spec}")
+        if _batched(split):
+            raise DistlabError(
+                f"{key}: its {which} dataset is batched (its pipeline calls batch): return "
+                "one (input, label) example per element; distlab batches by "
+                "dataset.batch_size_per_replica times the replicas")
         return dense_inputs(split)
     if isinstance(split, tuple | list) and len(split) == 2:
         where = f"{key}: its {which} split"
@@ -137,6 +142,21 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                                f"dataset: {described(e)}") from None
     raise DistlabError(f"{key}: its {which} split must be a tf.data.Dataset of (input, label) "
                        f"pairs or a tuple (inputs, labels) of arrays, not {type(split).__name__}")
+
+
+def _batched(dataset: tf.data.Dataset) -> bool:
+    """Whether tf.data's batch (padded, ragged or parallel) made `dataset`'s elements, as its
+    chain of transformations (each one's `_input_dataset`) shows; an unbatch undoes it."""
+    for _ in range(1000):  # a chain this long is not a user's pipeline
+        name = type(dataset).__name__
+        if "Unbatch" in name:
+            return False
+        if "Batch" in name:
+            return True
+        dataset = getattr(dataset, "_input_dataset", None)
+        if dataset is None:
+            return False
+    return False
 
 
 def _as_columns(inputs: Any, where: str, path: tuple[str, ...] = ()) -> Any:

@@ -85,6 +85,10 @@ def test_bad_values_are_one_line_naming_the_key(overrides, needle):
      "trainer.validate_every=5 exceeds trainer.epochs=3"),  # distlab's validation
     (["strategy=multi_worker_mirrored", "strategy.workers=2", "strategy.ray.num_cpus=0"],
      "strategy.ray.num_cpus=0"),  # refused by the workers' launcher, before any starts
+    # one objective ranks a sweep (it used to rank both jobs by the default's, and write
+    # two objective columns)
+    (["-m", "objective=val_accuracy,val_loss"], "objective=val_accuracy,val_loss sweeps the "
+     "objective, but a sweep ranks its jobs (and a search chooses) by one objective"),
 ])
 def test_bad_values_are_one_line_before_tensorflow(tmp_path, overrides, needle):
     assert needle in _one_line_refusal(tmp_path, *overrides)

@@ -17,6 +17,8 @@ import pytest
 from conftest import ROOT, fast_overrides, run_cli
 from omegaconf import OmegaConf
 
+from distlab.errors import ConfigError
+
 SHORT = ("trainer.epochs=2", "trainer.steps_per_epoch=2", "model=mlp", "model.hidden_units=[8]")
 SPACE = {"optimizer.learning_rate": (1e-4, 1e-2), "dataset.batch_size_per_replica": [32, 64]}
 
@@ -114,6 +116,11 @@ def test_search_space_in_hydras_override_grammar():
     assert space["schedule.name"] == CategoricalDistribution(["constant", "cosine"])
     assert space["loop.steps_per_call"] == CategoricalDistribution([1, 2])
     assert fixed == {"seed": "3"}
+    for params, arguments in (({"objective": "choice(val_loss, val_accuracy)"}, []),
+                              ({}, ["objective=val_loss,val_accuracy"])):
+        with pytest.raises(ConfigError, match=r"sweeps the objective, but a sweep ranks"):
+            search_space(params, arguments)
+    assert search_space({}, ["objective=val_loss"]) == ({}, {"objective": "val_loss"})
 
 
 def test_a_signal_another_thread_took_is_handled_while_the_trial_threads_run():

@@ -396,3 +396,23 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
             out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: node}
+
+
+def swept_objective(overrides: list[str]) -> str | None:
+    """Why a sweep's overrides that sweep `objective` (several values) cannot run, or None:
+    a sweep ranks its jobs, and a search chooses, by one objective."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            [override] = parser.parse_overrides([text])
+        except Exception:  # noqa: BLE001 - not an override (a flag's value), or malformed:
+            continue  # Hydra reports that itself
+        if override.key_or_group == "objective" and override.is_sweep_override():
+            return (
+                f"{text} sweeps the objective, but a sweep ranks its jobs (and a search "
+                "chooses) by one objective: give it one value (e.g. objective=val_loss) and "
+                "run a sweep per objective; each job's results.json and the summary report "
+                "every metric anyway")
+    return None

@@ -11,7 +11,12 @@ def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dic
     line (Hydra's override grammar), and the fixed values."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from distlab.config.checks import swept_objective
+    from distlab.errors import ConfigError
+
     given = [f"{k!s}={v}" for k, v in (params or {}).items()] + list(arguments)
+    if problem := swept_objective(given):
+        raise ConfigError(problem)
     space: dict[str, Any] = {}
     fixed: dict[str, Any] = {}
     for override in OverridesParser.create().parse_overrides(given):
@@ -19,8 +24,6 @@ def search_space(params: Any, arguments: list[str]) -> tuple[dict[str, Any], dic
         try:
             value = distribution(override)
         except ValueError as e:  # Optuna's check of its bounds: interval(0.1, 0.01)
-            from distlab.errors import ConfigError
-
             raise ConfigError(f"{override.input_line}: Optuna cannot search it ("
                               f"{str(e).splitlines()[0].rstrip('.')}): an interval(low, high) "
                               "needs low <= high (and low > 0 under tag(log, ...)), a "

@@ -17,12 +17,12 @@ from distlab.errors import DistlabError
 from distlab.registry import DATASETS
 
 
-def _load(builder, *overrides: str) -> stream.Data:
+def _load(builder, *overrides: str, **task: object) -> stream.Data:
     DATASETS._items["with_gaps"] = builder
     try:
         cfg = compose_once(["dataset.name=with_gaps", "dataset.preprocess.rescale=null",
                             "dataset.validation=null", *overrides]).dataset
-        return pipeline.load(cfg, num_replicas=1, seed=0, steps_per_epoch=None)
+        return pipeline.load(cfg, num_replicas=1, seed=0, steps_per_epoch=None, **task)
     finally:
         del DATASETS._items["with_gaps"]
 
@@ -155,3 +155,19 @@ def test_class_labels_outside_the_classes_are_named_with_their_split():
                                                         num_classes=2))
     with pytest.raises(DistlabError, match=re.escape("its test split has the class label 2")):
         _load(lambda cfg: DataSplits(train=(x, y), test=(head, np.full(8, 2)), num_classes=2))
+
+
+def test_a_label_the_loss_ignores_or_a_task_that_takes_any_labels_passes_the_range_check():
+    """A user task whose loss masks a label (Keras' `ignore_class=-100`) or that declares
+    `labels="any"` was refused by the class-range check."""
+    x, y = _columns(40, 0)
+    masked = np.where(np.arange(40) % 5 == 0, -100, y)
+
+    def builder(cfg):
+        return DataSplits(train=(x, masked), test=(x, y), num_classes=2)
+
+    assert _load(builder, ignored_label=-100).num_train == 40
+    assert _load(builder, task_labels="any").num_train == 40
+    with pytest.raises(DistlabError, match=re.escape("its train split has the class label "
+                                                     "-100, outside 0..1")):
+        _load(builder, ignored_label=-1)

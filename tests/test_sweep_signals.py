@@ -27,7 +27,8 @@ EXPIRY_S = 300  # the sweep's processes are killed after this
 PATHS = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")])}  # gate
 LAUNCHERS = {"submitit_local": ["hydra.launcher.timeout_min=10"],
              "joblib": ["hydra.launcher.n_jobs=2"],
-             "joblib_in_process": ["hydra.launcher.n_jobs=1"]}  # the jobs in the sweep's process
+             "joblib_in_process": ["hydra.launcher.n_jobs=1"],  # the jobs in the sweep's process
+             "basic": []}  # Hydra's default launcher: the jobs in the sweep's process too
 
 
 class Sweep:
@@ -212,13 +213,16 @@ def test_a_killed_joblib_job_stops_its_sibling_with_a_checkpoint(tiny_data_dir, 
     assert len(rows) == 3, rows
 
 
-def test_ctrl_c_of_a_joblib_sweep_in_one_process_starts_no_more_jobs(tiny_data_dir, tmp_path,
-                                                                     mlflow_store):
-    """hydra.launcher.n_jobs=1 runs the jobs one after another in the sweep's own process:
-    Ctrl-C during job 0 stops it with a checkpoint, and job 1 is not started; the summary
-    lists both (job 1 `not started`, not failed), and the sweep exits 130 with one line."""
+@pytest.mark.parametrize("launcher", ["joblib_in_process", "basic"])
+def test_ctrl_c_of_a_sweep_in_one_process_starts_no_more_jobs(tiny_data_dir, tmp_path,
+                                                              mlflow_store, launcher):
+    """joblib's hydra.launcher.n_jobs=1, and Hydra's basic launcher, run the jobs one after
+    another in the sweep's own process: Ctrl-C during job 0 stops it with a checkpoint, and
+    job 1 is not started; the summary lists both (job 1 `not started`, not failed), and the
+    sweep exits 130 with one line. (The basic launcher's sweep used to exit with its job,
+    writing no summary.)"""
     sweep_dir, store = tmp_path / "sweep", mlflow_store(tmp_path / "mlflow.db")
-    args = _args(tiny_data_dir, sweep_dir, "joblib_in_process", store)
+    args = _args(tiny_data_dir, sweep_dir, launcher, store)
     with Sweep(args, tmp_path / "gate") as sweep:
         sweep.jobs_at_gate(count=1)
         os.killpg(sweep.proc.pid, signal.SIGINT)

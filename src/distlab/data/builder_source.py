@@ -98,16 +98,19 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
 
 
 def check_class_range(splits: dict[str, tf.data.Dataset | None], num_classes: int,
-                      key: str) -> None:
-    """Refuse, in one line, class labels outside 0..num_classes-1 in a split ({"train split
-    'train'": dataset, ...}) of a builder's (the loss would fail in the first step that meets
-    one, with TensorFlow's error); tfds' ClassLabel guarantees them. One pass over each
-    split's labels (from the memory cache where the finite check's pass filled it)."""
+                      key: str, ignored: int | None = None) -> None:
+    """Refuse, in one line, class labels outside 0..num_classes-1 (but `ignored`, the label
+    a loss's `ignore_class` masks) in a split ({"train split 'train'": dataset, ...}) of a
+    builder's (the loss would fail in the first step that meets one, with TensorFlow's
+    error); tfds' ClassLabel guarantees them. One pass over each split's labels (from the
+    memory cache where the finite check's pass filled it)."""
     top, bottom = tf.int64.max, tf.int64.min
     for name, ds in splits.items():
         if ds is None:
             continue
         labels = ds.map(lambda x, y: tf.reshape(tf.cast(y, tf.int64), [-1])).unbatch()
+        if ignored is not None:
+            labels = labels.filter(lambda label: label != ignored)
         low, high = labels.batch(finite.CHECK_BATCH).reduce(
             (tf.constant(top), tf.constant(bottom)),
             lambda acc, b: (tf.minimum(acc[0], tf.reduce_min(b)),

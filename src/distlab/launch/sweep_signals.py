@@ -1,6 +1,7 @@
 """Ctrl-C and SIGTERM of a sweep whose jobs run in processes of their own
-(hydra/launcher=joblib or submitit_local): the sweep's process decides, and each running
-job gets one stop.
+(hydra/launcher=joblib or submitit_local), or in the sweep's own process (Hydra's basic
+launcher, joblib with n_jobs=1): the sweep's process decides, and each running job gets
+one stop.
 
 A terminal's Ctrl-C sends SIGINT to every process of the command: to the sweep's process,
 to submitit's controller of each job (which then sends its job SIGINT again and kills it
@@ -50,9 +51,11 @@ STOP = "stop"  # written there once the sweep stops: a job not yet started does 
 ENTRY = "job."  # + pid: a running job
 WAIT_S = 300.0  # how long the sweep waits, at most, for its jobs to stop
 POLL_S = 0.1
-# the launchers whose jobs run in local processes of their own
+# the launchers whose jobs run in local processes of their own, and Hydra's basic one (its
+# jobs in the sweep's process, as joblib's with n_jobs=1)
 LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.",
-             "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
+             "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+             "hydra._internal.core_plugins.basic_launcher.BasicLauncher")
 NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 T = TypeVar("T")
 

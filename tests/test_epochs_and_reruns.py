@@ -109,27 +109,43 @@ def test_checkpoints_are_numbered_by_training_steps_and_old_ones_resume(
 def test_a_resume_on_another_replica_count_says_it_trains_differently(run_inprocess, tmp_path,
                                                                       caplog):
     """As a run dir moved to a machine with other GPUs (or resumed on other workers) would:
-    the earlier attempt's results say 2 replicas, a global batch of 128; this one has 1."""
+    the earlier attempt trained on 2 replicas, a global batch of 128; this one has 1. Its
+    record is .distlab/trained_as.json, written as an attempt starts to train, so a resume
+    after a failed attempt (results.json without those fields) or a kill -9 warns too; a run
+    dir without it (an older distlab's) has them in results.json."""
     import json
     import logging
 
     args = ("strategy=default", "trainer.steps_per_epoch=3", "trainer.validate_every=0")
+    warning = ("resuming on 1 replica(s), a global batch of 64: the run trained on 2 "
+               "replica(s), a global batch of 128, so from here it trains differently")
     first = run_inprocess(*args, "trainer.epochs=1", out=tmp_path / "run")
     assert (first["num_replicas"], first["global_batch_size"]) == (1, 64)
+    trained_as = tmp_path / "run" / ".distlab" / "trained_as.json"
+    assert json.loads(trained_as.read_text()) == {"num_replicas": 1, "global_batch_size": 64}
+    trained_as.unlink()  # an older distlab's run dir: results.json says how it trained
     moved = {**first, "num_replicas": 2, "global_batch_size": 128}
     (tmp_path / "run" / "results.json").write_text(json.dumps(moved))
     with caplog.at_level(logging.WARNING, logger="distlab"):
         resumed = run_inprocess(*args, "trainer.epochs=2", out=tmp_path / "run")
     assert resumed["status"] == "completed" and resumed["epochs_completed"] == 2
-    assert ("resuming on 1 replica(s), a global batch of 64: the run trained on 2 replica(s), "
-            "a global batch of 128, so from here it trains differently") in caplog.text
+    assert warning in caplog.text
+    # the attempt on 2 replicas then failed (a NaN loss): its results.json has no such field
+    trained_as.write_text(json.dumps({"num_replicas": 2, "global_batch_size": 128}))
+    (tmp_path / "run" / "results.json").write_text(json.dumps(
+        {"status": "failed", "error": "loss is NaN at epoch 3", "batch_size_per_replica": 64}))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="distlab"):
+        resumed = run_inprocess(*args, "trainer.epochs=3", out=tmp_path / "run")
+    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
+    assert warning in caplog.text
     # a rerun that trains nothing (an export asked since) warns of nothing, and keeps how the
     # run trained, not how this process would have
     moved = {**resumed, "num_replicas": 2, "global_batch_size": 128}
     (tmp_path / "run" / "results.json").write_text(json.dumps(moved))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="distlab"):
-        exported = run_inprocess(*args, "trainer.epochs=2", "trainer.export=true",
+        exported = run_inprocess(*args, "trainer.epochs=3", "trainer.export=true",
                                  out=tmp_path / "run")
     assert "trains differently" not in caplog.text
     assert (exported["num_replicas"], exported["global_batch_size"]) == (2, 128)

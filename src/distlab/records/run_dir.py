@@ -80,6 +80,9 @@ class RunDir:
     _hydra_snapshot = property(lambda self: self.path / ".distlab" / "hydra")
     # which rows a training run's splits hold (distlab.data.fingerprint)
     splits_json = property(lambda self: self.path / ".distlab" / "splits.json")
+    # how the latest attempt that trained was distributed (replicas, global batch), written
+    # as it starts: a resume after a kill -9 or a failure knows it without results.json
+    trained_as_json = property(lambda self: self.path / ".distlab" / "trained_as.json")
     # a job of a stopped sweep that did not start (removed when a rerun starts it)
     not_started_mark = property(lambda self: self.path / ".distlab" / "not_started")
 
@@ -178,7 +181,8 @@ class RunDir:
         target = attempts / str(n)
         target.mkdir(parents=True)
         for source in (self.started_config_yaml, self.results_json, self.history_csv, self.logs,
-                       self.best_checkpoints, self.tracking_json, self.splits_json):
+                       self.best_checkpoints, self.tracking_json, self.splits_json,
+                       self.trained_as_json):
             if source.exists():
                 shutil.move(str(source), str(target / source.name))
         return target
@@ -227,10 +231,23 @@ class RunDir:
             pass
 
     def read_results(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.results_json.read_text())
-        except (OSError, ValueError):
-            return None
+        return _read_json(self.results_json)
+
+    def record_trained_as(self, how: dict[str, Any]) -> None:
+        self.trained_as_json.parent.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(self.trained_as_json, how)
+
+    def trained_as(self) -> dict[str, Any]:
+        """The latest training attempt's `record_trained_as` (an older run's results.json's
+        fields where it has none)."""
+        return _read_json(self.trained_as_json) or self.read_results() or {}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _fmt(value: Any) -> Any:

@@ -204,6 +204,9 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
     trains = not exp.monitors.stopped and (initial_epoch < exp.cfg.trainer.epochs or skip_steps)
     if (initial_epoch or skip_steps) and trains:
         _warn_if_other_replicas(exp)
+    if trains and exp.worker.is_chief:
+        exp.run_dir.record_trained_as({"num_replicas": exp.strategy.num_replicas_in_sync,
+                                       "global_batch_size": exp.data.global_batch_size})
     _warn_if_nothing_to_learn(exp, initial_epoch * exp.data.steps_per_epoch + skip_steps)
     controller = Controller(exp, loop, checkpoints, user_callbacks)
     controller.stop = stop  # polled between steps; every other stage is cut short at once
@@ -323,7 +326,7 @@ def _prefixed(prefix: str, figures: dict[str, float]) -> dict[str, float]:
 def _warn_if_other_replicas(exp: Experiment) -> None:
     """A resume on another number of replicas (another machine's GPUs, another worker count)
     trains on another global batch from here: allowed, but no longer the run it resumes."""
-    previous = exp.run_dir.read_results() or {}
+    previous = exp.run_dir.trained_as()
     replicas, batch = previous.get("num_replicas"), previous.get("global_batch_size")
     if batch is not None and batch != exp.data.global_batch_size:
         log.warning("resuming on %d replica(s), a global batch of %d: the run trained on %s "

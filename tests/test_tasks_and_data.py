@@ -97,6 +97,10 @@ def user_package(tmp_path, monkeypatch):
             return DataSplits(train=train.map(lambda x, y: (x, y)), test=_arrays(50, 1),
                               num_classes=2)
 
+        def infinite(cfg):  # loading it never ended: its rows were counted
+            train = tf.data.Dataset.from_tensor_slices(_arrays(200, 0)).repeat()
+            return DataSplits(train=train, test=_arrays(50, 1), num_classes=2)
+
         def batched_then_unbatched(cfg):  # examples again
             test = tf.data.Dataset.from_tensor_slices(_arrays(50, 1)).batch(8).unbatch()
             return DataSplits(train=_arrays(200, 0), test=test, num_classes=2)
@@ -129,6 +133,8 @@ def test_user_dataset_builder(user_package, run_inprocess, builder):
     ("batched", "dataset.name='user_data:batched': its train dataset is batched (its "
      "pipeline calls batch): return one (input, label) example per element; distlab "
      "batches by dataset.batch_size_per_replica times the replicas"),
+    ("infinite", "dataset.name='user_data:infinite': its train dataset is infinite (its "
+     "pipeline calls repeat()): return one pass over the split"),
 ])
 def test_user_dataset_errors(user_package, run_inprocess, tmp_path, builder, message):
     out = tmp_path / builder

@@ -134,6 +134,11 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                 f"{key}: its {which} dataset is batched (its pipeline calls batch): return "
                 "one (input, label) example per element; distlab batches by "
                 "dataset.batch_size_per_replica times the replicas")
+        if split.cardinality() == tf.data.INFINITE_CARDINALITY:
+            raise DistlabError(
+                f"{key}: its {which} dataset is infinite (its pipeline calls repeat()): "
+                "return one pass over the split; distlab repeats it for each epoch "
+                "(trainer.epochs; trainer.steps_per_epoch to shorten one)")
         return dense_inputs(split)
     if isinstance(split, tuple | list) and len(split) == 2:
         where = f"{key}: its {which} split"

@@ -52,6 +52,54 @@ def test_a_checkpoint_failing_its_checksum_is_called_damaged(run_inprocess, tmp_
 
 
 
+def test_a_resume_without_a_usable_state_file_takes_the_newest_checkpoint_on_disk(
+        run_inprocess, run_once, tmp_path, caplog):
+    """checkpoints/checkpoint unreadable (TensorFlow ignored it and distlab trained afresh,
+    saving over the checkpoints), or naming a checkpoint whose files were moved away (called
+    a model mismatch): the newest ckpt-N on disk is resumed, with a warning; the run ends
+    as the uninterrupted one. A truncated index is called damaged, not a mismatch."""
+    import logging
+    import shutil
+
+    three = (*SMALL[:-4], "trainer.epochs=3", *SMALL[-3:])
+    whole, _ = run_once(*three)
+    run = tmp_path / "run"
+    run_inprocess(*SMALL[:-4], "trainer.epochs=2", *SMALL[-3:], out=run)
+    ckpts = run / "checkpoints"
+    (run / "results.json").unlink()  # (killed before it was written)
+    (ckpts / "checkpoint").write_text("garbage ][\n")
+    with caplog.at_level(logging.INFO, logger="distlab"):
+        resumed = run_inprocess(*three, out=run)
+    assert f"{ckpts / 'checkpoint'} (TensorFlow's list of checkpoints) is unreadable: " \
+           f"resuming from the newest checkpoint on disk, {ckpts / 'ckpt-4'}" in caplog.text
+    assert "2 epoch(s) done, 0 step(s) into the next" in caplog.text
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+    assert resumed["checkpoint"] == str(ckpts / "ckpt-6")
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in ckpts.glob("ckpt-6.*"):
+        shutil.move(path, moved / path.name)
+    (run / "results.json").unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="distlab"):
+        again = run_inprocess(*three, out=run)
+    assert f"names {ckpts / 'ckpt-6'}, whose files are gone: resuming from the newest " \
+           f"checkpoint on disk, {ckpts / 'ckpt-4'}" in caplog.text
+    assert again["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+
+    index = ckpts / "ckpt-6.index"
+    index.write_bytes(index.read_bytes()[:20])
+    (run / "results.json").unlink()
+    with pytest.raises(SystemExit):
+        run_inprocess(*three, out=run)
+    error = json.loads((run / "results.json").read_text())["error"]
+    assert error.startswith(f"cannot resume from checkpoint {ckpts / 'ckpt-6'}: it is "
+                            "truncated or corrupt (") and error.endswith(
+        "Move its files (ckpt-6.*) out of the folder: the rerun resumes from the newest "
+        "intact checkpoint; nothing was deleted"), error
+
+
 def test_a_checkpoint_of_another_model_is_one_line_without_tensorflows_list(
         run_inprocess, tiny_data_dir, tmp_path):
     """`python run.py mode=evaluate` of an mlp's checkpoint with another model: the one line

@@ -371,6 +371,13 @@ def test_an_empty_output_dir_is_refused_before_hydra_writes_into_the_current_one
     assert check_output_dir_args([*argv[:-1], f"{option}=."]) is None
 
 
+def test_ckpt_path_in_a_training_run_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match=r"^ckpt_path=/runs/a is read by mode=evaluate only: "
+                                          r"a training run resumes from its own run dir's"):
+        validate(compose_once(["ckpt_path=/runs/a"]))
+    validate(compose_once(["ckpt_path=/runs/a", "mode=evaluate"]))
+
+
 @pytest.mark.parametrize("key", ["dataset.data_dir", "dataset.cache_dir"])
 @pytest.mark.parametrize("value", ["''", "' '"])
 def test_an_empty_data_or_cache_dir_is_refused_not_taken_as_the_current_one(key, value):

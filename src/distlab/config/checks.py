@@ -123,6 +123,10 @@ def validate(cfg: DictConfig) -> None:
     check_objective_needs(cfg)
     if cfg.mode == "evaluate" and not cfg.ckpt_path:
         raise ConfigError("mode=evaluate needs ckpt_path=<run dir or checkpoint prefix>")
+    if cfg.mode == "train" and cfg.ckpt_path:
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} is read by mode=evaluate only: a "
+                          "training run resumes from its own run dir's checkpoints/ (rerun "
+                          "into that dir); remove ckpt_path, or add mode=evaluate")
     for key in ("ckpt_path", "dataset.cache_dir"):
         path = OmegaConf.select(cfg, key, default=None)
         if problem := pattern_problem(path):

@@ -11,6 +11,7 @@ here is saved, resumed and broadcast alike.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -125,7 +126,7 @@ class Checkpoints:
         """Restore the run dir's latest checkpoint, if any: (epochs done, steps into the
         next). Across workers the chief restores and every worker gets its state."""
         exp = self.exp
-        latest = self.latest if exp.worker.is_chief else None
+        latest = self._latest_on_disk() if exp.worker.is_chief else None
         if exp.worker.multi_worker:  # only the chief's disk need hold the run dir
             multi_worker.restore_from_chief(exp.strategy, self.checkpoint, latest,
                                             self._restore_all, self.state)
@@ -140,6 +141,29 @@ class Checkpoints:
         log.info("resuming from %s: %d epoch(s) done, %d step(s) into the next", latest,
                  epoch, step)
         return epoch, step
+
+    def _latest_on_disk(self) -> str | None:
+        """The checkpoint to resume: the one the state file (checkpoints/checkpoint) names;
+        when that file is missing or unreadable, or names a checkpoint whose files are
+        gone, the newest ckpt-N on disk, with a warning (TensorFlow would start afresh and
+        save over them)."""
+        listed = self.latest
+        if listed and Path(f"{listed}.index").exists():
+            return listed
+        directory = self.exp.run_dir.checkpoints
+        on_disk = sorted((int(m.group(1)), str(directory / f"ckpt-{m.group(1)}"))
+                         for p in directory.glob("ckpt-*.index")
+                         if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
+        if not on_disk:
+            return listed  # (a listed prefix without files: restoring it says so)
+        newest = on_disk[-1][1]
+        state = directory / "checkpoint"
+        why = (f"names {listed}, whose files are gone" if listed else
+               "is unreadable" if state.exists() else "is missing")
+        log.warning("%s (TensorFlow's list of checkpoints) %s: resuming from the newest "
+                    "checkpoint on disk, %s", state, why, newest)
+        _list_in(self.manager, newest)
+        return newest
 
     def _restore_all(self, prefix: str) -> None:
         # written before checkpoints kept these: the rest of its state
@@ -206,10 +230,14 @@ class Checkpoints:
             else:  # restore() itself raised: no status to tell, its restore still pending
                 _expect_partial(prefix)
             if _damaged(e):
+                advice = (f"Move its files ({Path(prefix).name}.*) out of the folder: the "
+                          "rerun resumes from the newest intact checkpoint"
+                          if what == "resume from" else
+                          "Point ckpt_path at an intact checkpoint (ckpt-N prefix), or move "
+                          "the damaged files away")
                 raise DistlabError(
                     f"cannot {what} checkpoint {prefix}: it is truncated or corrupt "
-                    f"({first_line(e)}). Point ckpt_path at an intact checkpoint (ckpt-N "
-                    "prefix), or move the damaged files away; nothing was deleted") from None
+                    f"({first_line(e)}). {advice}; nothing was deleted") from None
             raise DistlabError(
                 f"cannot {what} checkpoint {prefix}: it does not match the configured model "
                 f"({cfg.model.name}, dataset {cfg.dataset.name}): {_mismatch(e)}. Use the "
@@ -237,13 +265,24 @@ def _expect_partial(prefix: str) -> None:
             obj.expect_partial = True
 
 
+def _list_in(manager: tf.train.CheckpointManager, prefix: str) -> None:
+    """Make `manager` hold `prefix` as its latest checkpoint, as if it had saved it: its
+    `latest_checkpoint` names it, and its next saves count it in max_to_keep. TF has no
+    public way; its private `_latest_checkpoint` and `_maybe_delete` (TF 2.x, checked on
+    2.21) are set where they exist."""
+    if hasattr(manager, "_latest_checkpoint") and hasattr(manager, "_maybe_delete"):
+        manager._latest_checkpoint = prefix  # noqa: SLF001
+        manager._maybe_delete[prefix] = Path(f"{prefix}.index").stat().st_mtime  # noqa: SLF001
+
+
 def _damaged(error: BaseException) -> bool:
     """Whether a restore failed on damaged files (truncated, or bytes that fail their
     checksum) rather than on a mismatch with the model."""
     if isinstance(error, tf.errors.DataLossError | tf.errors.OutOfRangeError | IndexError):
         return True
     text = str(error).lower()
-    return "checksum does not match" in text or "corrupt" in text or "truncated" in text
+    return any(sign in text for sign in ("checksum does not match", "corrupt", "truncated",
+                                         "sstable", "bad magic number"))
 
 
 def _loop_items(loop: str, extra: Any, own: dict[str, Any]) -> dict[str, Any]:

@@ -235,6 +235,9 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
                          "optimizer.learning_rate=interval(0.01,0.001): Optuna cannot search it")
     cases["misspelt"] = (["optimizer.no_such=interval(0.1,0.2)"],  # no trial could set it
                          "optimizer.no_such is not a key of optimizer")
+    # a choice no trial could set: recorded as trial 0, running, which every rerun relaunched
+    cases["bad choice"] = (["optimizer.learning_rate=choice(0.001,abc)"],
+                           "Value 'abc' of type 'str' could not be converted to Float")
     for name, (extra, expected) in cases.items():
         out = run_cli(*fast_overrides(tiny_data_dir), "hparams_search=optuna",
                       "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={tmp_path / name}", *extra,
@@ -243,7 +246,8 @@ def test_a_search_refuses_what_would_mix_studies_or_rank_on_test(tiny_data_dir, 
         assert out.returncode == 2 and expected in text, (name, text[-2000:])
         assert "Traceback" not in text and not (tmp_path / name / "0").exists(), name
     assert len(_study(spaced).trials) == 1  # the study left as it was: no trial asked
-    assert not (tmp_path / "misspelt" / "optuna.journal").exists()  # no study, no trial
+    for name in ("misspelt", "bad choice"):
+        assert not (tmp_path / name / "optuna.journal").exists()  # no study, no trial
 
 
 # --------------------------------------------------------------------------- slow

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,14 @@ class DistlabOptunaSweeper(Sweeper):
 
             check_objective_needs(self._job_cfg)  # (a field no trial could write)
         self._location = storage_location(self.storage, self._sweep_dir)
-        # one trial's job config composed now: a key Hydra cannot set (a misspelt searched
-        # key) is refused before the study records a trial that no job could run. (A key
-        # added with `+` is the job's to check, once the user's code that may declare it is
+        # trials' job configs composed now, one per choice of each searched key: a key
+        # Hydra cannot set (a misspelt searched key) or a choice it cannot (abc for a float)
+        # is refused before the study records a trial that no job could run. (A key added
+        # with `+` is the job's to check, once the user's code that may declare it is
         # loaded: not here)
-        first = {k: _first_value(d) for k, d in space.items()}
-        self._hydra_context.config_loader.load_sweep_config(self._config,
-                                                            self._overrides(0, first))
+        for values in _probes(space):
+            self._hydra_context.config_loader.load_sweep_config(self._config,
+                                                                self._overrides(0, values))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         claim_sweep_dir(self._sweep_dir, self.study_name, self._location)
         try:
@@ -452,6 +454,16 @@ def _first_value(distribution: Any) -> Any:
     """A value of `distribution` a trial could be given: its first choice, or its low end."""
     choices = getattr(distribution, "choices", None)
     return choices[0] if choices is not None else distribution.low
+
+
+def _probes(space: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Trial parameters that give each key's every choice (an interval or range: its low
+    end) once: each key's first value, then one key's other choices in turn."""
+    first = {k: _first_value(d) for k, d in space.items()}
+    yield first
+    for key, distribution in space.items():
+        for choice in (getattr(distribution, "choices", None) or ())[1:]:
+            yield {**first, key: choice}
 
 
 def _listed(text: str, keys: set[str]) -> str:

@@ -105,6 +105,10 @@ def user_package(tmp_path, monkeypatch):
             test = tf.data.Dataset.from_tensor_slices(_arrays(50, 1)).batch(8).unbatch()
             return DataSplits(train=_arrays(200, 0), test=test, num_classes=2)
 
+        def one_class(cfg):  # it trained to loss 0, accuracy 1
+            x, y = _arrays(20, 0)
+            return DataSplits(train=(x, y * 0), test=(x, y * 0), num_classes=1)
+
         def float_labels_as_classes(cfg):
             x, y = _arrays(20, 0)
             return DataSplits(train=(x, y.astype("float32")), test=(x, y), num_classes=2)
@@ -133,6 +137,8 @@ def test_user_dataset_builder(user_package, run_inprocess, builder):
     ("batched", "dataset.name='user_data:batched': its train dataset is batched (its "
      "pipeline calls batch): return one (input, label) example per element; distlab "
      "batches by dataset.batch_size_per_replica times the replicas"),
+    ("one_class", "dataset.name='user_data:one_class': num_classes=1; classification needs 2 "
+     "classes or more"),
     ("infinite", "dataset.name='user_data:infinite': its train dataset is infinite (its "
      "pipeline calls repeat()): return one pass over the split"),
 ])

@@ -62,6 +62,10 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
             raise DistlabError(f"{key}: num_classes is set but its labels are {label.dtype.name}"
                                "; classification labels are integers (or set num_outputs)")
         outputs = int(splits.num_classes)
+        if outputs < 2:
+            raise DistlabError(f"{key}: num_classes={outputs}; classification needs 2 classes "
+                               "or more (one class is learned trivially: loss 0, accuracy 1)"
+                               ": give the number of classes, num_classes=2 for yes/no labels")
     else:
         outputs = int(splits.num_outputs or max(1, math.prod(label.shape)))
     classes = splits.num_classes is not None

@@ -4,6 +4,7 @@ direction and messages. The fast ones start no training."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import compose_once, fast_overrides, run_cli, run_command
@@ -363,12 +364,22 @@ def test_sweep_summary_of_old_regression_jobs_without_an_objective_ranks_mae_dow
     (["hydra.run.dir="], "hydra.run.dir"), (["hydra.run.dir=''"], "hydra.run.dir"),
     (["-m", "seed=1,2", "hydra.sweep.dir=' '"], "hydra.sweep.dir")])
 def test_an_empty_output_dir_is_refused_before_hydra_writes_into_the_current_one(argv, option):
-    from distlab.records.run_dir import check_output_dir_args
+    from distlab.records.run_dir import check_output_dir_args, refused_output_dir_args
 
-    assert check_output_dir_args(argv) == (
+    assert refused_output_dir_args(argv) == (
         f"{option} is empty, which Hydra takes as the current directory: give a directory "
         f"({option}=. if the current one is meant)")
-    assert check_output_dir_args([*argv[:-1], f"{option}=."]) is None
+    assert check_output_dir_args(argv) is None
+    assert refused_output_dir_args([*argv[:-1], f"{option}=."]) is None
+    assert refused_output_dir_args([*argv[:-1], f"{option}='/runs/a[1]'"]).startswith(
+        f"{option}=/runs/a[1] has '[' in its path, which TensorFlow reads as a file pattern")
+
+
+def test_a_data_dir_tfds_would_read_as_a_pattern_is_refused():
+    """tfds did not find the dataset prepared there: "not prepared ... unreachable"."""
+    with pytest.raises(ConfigError, match=re.escape(
+            "dataset.data_dir=/data/d[1] has one of [ ] * ? in its path, which tfds reads")):
+        validate(compose_once(["dataset.data_dir='/data/d[1]'"]))
 
 
 def test_ckpt_path_in_a_training_run_is_refused_not_ignored():

@@ -250,10 +250,12 @@ def test_a_verify_dir_that_cannot_be_a_directory_is_refused_in_one_line(
     a_file.write_text("")
     for where, says in ((a_file, "is a file, not a directory"),
                         (a_file / "below", "cannot create a directory there"),
-                        ("/proc/nope", "cannot create a directory there")):
+                        ("/proc/nope", "cannot create a directory there"),
+                        # its runs failed on it, blamed on the experiment
+                        (tmp_path / "v[2]", "has '[' in its path, which TensorFlow reads")):
         report = distlab.verify([f"dataset.data_dir={tiny_data_dir}", *USER,
                                  "dataset.name=clean_rows", "verify.checks=[data]",
-                                 f"verify.dir={where}"])
+                                 f"verify.dir='{where}'"])
         assert report.exit_code == 2, report.error
         assert report.error.startswith(f"verify.dir={where}: {says}"), report.error
         assert "\n" not in report.error and report.json_path is None

@@ -28,7 +28,11 @@ from distlab.config import register_configs  # noqa: E402
 from distlab.config.checks import composition_problem, swept_objective  # noqa: E402
 from distlab.config.store import PACKAGE_CONFIG_PATH, config_dir_problem  # noqa: E402
 from distlab.errors import DistlabError  # noqa: E402
-from distlab.records.run_dir import RunDir, check_output_dir_args  # noqa: E402
+from distlab.records.run_dir import (  # noqa: E402
+    RunDir,
+    check_output_dir_args,
+    refused_output_dir_args,
+)
 
 log = logging.getLogger("distlab")
 
@@ -155,6 +159,9 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         sys.exit(verify(sys.argv[2:], None if config_path == PACKAGE_CONFIG_PATH
                         else config_path))
     register_configs()
+    if problem := refused_output_dir_args(sys.argv[1:]):
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")
     if {"-m", "--multirun"} & set(sys.argv[1:]) and (

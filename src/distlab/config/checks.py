@@ -131,6 +131,11 @@ def validate(cfg: DictConfig) -> None:
         path = OmegaConf.select(cfg, key, default=None)
         if problem := pattern_problem(path):
             raise ConfigError(f"{key}={path} {problem}")
+    data_dir = OmegaConf.select(cfg, "dataset.data_dir", default=None)
+    if pattern_problem(data_dir):
+        raise ConfigError(f"dataset.data_dir={data_dir} has one of [ ] * ? in its path, which "
+                          "tfds reads as a file pattern when it looks for the prepared "
+                          "dataset: choose (or link) a path without them")
     for key in ("dataset.cache_dir", "dataset.data_dir"):
         path = OmegaConf.select(cfg, key, default=None)
         if path is not None and not str(path).strip():

@@ -270,9 +270,28 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def blank_output_dir(option: str) -> str:
-    return (f"{option} is empty, which Hydra takes as the current directory: give a directory "
-            f"({option}=. if the current one is meant)")
+def _output_dir_arg(argv: list[str]) -> tuple[str, str] | None:
+    """(option, value) of the output dir the command line names (Hydra's default outputs/
+    when it names none); None when it interpolates (`${...}`: Hydra resolves it)."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    option = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    target = next((a[len(option) + 1:].strip("'\"") for a in argv
+                   if a.startswith(f"{option}=")), "outputs")
+    return None if "${" in target else (option, target)
+
+
+def refused_output_dir_args(argv: list[str]) -> str | None:
+    """Why the output dir named on the command line is refused (empty: Hydra would take the
+    current directory; a file pattern's characters), or None; asked before Hydra creates it."""
+    if (given := _output_dir_arg(argv)) is None:
+        return None
+    option, target = given
+    if not target.strip():
+        return (f"{option} is empty, which Hydra takes as the current directory: give a "
+                f"directory ({option}=. if the current one is meant)")
+    if problem := pattern_problem(target):
+        return f"{option}={target} {problem}"
+    return None
 
 
 def check_output_dir_args(argv: list[str]) -> str | None:
@@ -280,18 +299,13 @@ def check_output_dir_args(argv: list[str]) -> str | None:
 
     Hydra creates it before distlab runs and fails with a traceback; `run.py` asks first.
     """
-    multirun = any(a in ("-m", "--multirun") for a in argv)
-    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
-    target = next((a[len(key):].strip("'\"") for a in argv if a.startswith(key)), "outputs")
-    if "${" in target:
+    if (given := _output_dir_arg(argv)) is None or not given[1].strip():
         return None
-    if not target.strip():
-        return blank_output_dir(key.rstrip("="))
+    option, target = given
     path = Path(target).expanduser()
     existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         kind = "is not a directory" if not existing.is_dir() else "is not writable"
-        option = key.rstrip("=")
         return (f"{option}={target} cannot be created: {existing} {kind}. Choose another with "
                 f"{option}=...")
     return None

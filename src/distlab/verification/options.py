@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from distlab.errors import ConfigError
+from distlab.records.run_dir import pattern_problem
 
 CHECKS = ("data", "determinism", "replicas", "loops", "resume", "export", "workers")
 DEFAULT_CHECKS = CHECKS[:-1]  # workers: opt-in (verify.workers=true)
@@ -76,6 +77,8 @@ def _set(options: Options, name: str, value: object) -> None:
         if value is None or not str(value).strip():
             raise ConfigError("verify.dir is empty: give the directory verify's runs go to "
                               "(default outputs/verify/<date>/<time>)")
+        if problem := pattern_problem(value):
+            raise ConfigError(f"verify.dir={value}: {problem}")
         options.dir = Path(str(value)).expanduser()
     else:
         raise ConfigError(f"verify.{name} is not a setting of distlab verify; its settings: "

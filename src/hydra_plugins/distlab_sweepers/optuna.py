@@ -194,7 +194,7 @@ class DistlabOptunaSweeper(Sweeper):
             raise ConfigError(f"the study {self.study_name!r} in {self._location} was "
                               f"started to {study.direction.name.lower()} its objective; "
                               f"this search would {self.direction} {self._field}: use "
-                              "another hydra.sweep.dir or hydra.sweeper.study_name")
+                              "another hydra.sweep.dir (a sweep dir holds one study's jobs)")
         self._study = study
         self._keep(study, "repeats", self.repeats, "ran {} job(s) per trial; this search "
                    f"sets hydra.sweeper.repeats={self.repeats}")

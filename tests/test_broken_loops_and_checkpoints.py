@@ -100,6 +100,30 @@ def test_a_resume_without_a_usable_state_file_takes_the_newest_checkpoint_on_dis
         "intact checkpoint; nothing was deleted"), error
 
 
+def test_a_stage_after_training_that_fails_keeps_the_figures_measured_before_it(
+        run_inprocess, tmp_path):
+    """checkpoints/best damaged: the best-checkpoint test (the last stage) fails, and the
+    failed results.json keeps the final evaluation's figures (they were only in run.log)."""
+    best = ("trainer.best_checkpoint.metric=val_loss", "trainer.best_checkpoint.test=true")
+    args = (*SMALL[:-4], "trainer.epochs=2", *SMALL[-3:], *best)
+    run = tmp_path / "run"
+    whole = run_inprocess(*args, out=run)
+    (data,) = (run / "checkpoints" / "best").glob("ckpt-*.data-*")
+    raw = bytearray(data.read_bytes())
+    for i in range(0, len(raw), 64):
+        raw[i] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    (run / "results.json").unlink()  # (killed as it finished: the stages after training run)
+    with pytest.raises(SystemExit) as exit_:
+        run_inprocess(*args, out=run)
+    assert exit_.value.code == 2
+    failed = json.loads((run / "results.json").read_text())
+    assert failed["status"] == "failed" and "is truncated or corrupt" in failed["error"]
+    assert (failed["test_loss"], failed["val_loss"], failed["epochs_completed"]) == (
+        whole["test_loss"], whole["val_loss"], 2)
+    assert failed.get("best_test_loss") is None
+
+
 def test_a_checkpoint_of_another_model_is_one_line_without_tensorflows_list(
         run_inprocess, tiny_data_dir, tmp_path):
     """`python run.py mode=evaluate` of an mlp's checkpoint with another model: the one line

@@ -51,7 +51,7 @@ from distlab.errors import message as error_message
 from distlab.launch import refusals, workers
 from distlab.launch.rerun import already_completed, export_missing, rerun_refusal
 from distlab.records.fields import is_field
-from distlab.records.results import failed_results, objective_value
+from distlab.records.results import assemble, failed_results, objective_value
 from distlab.records.run_dir import RunDir, RunDirBusy
 from distlab.tracking import session as tracking
 
@@ -255,7 +255,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         else:
             _traceback_to_log_file(e)
             log.error(described(e) + " (traceback in run.log)")
-        outcome = failed = failed_results(cfg, message, origin or started)
+        failed = failed_results(cfg, message, origin or started)
+        if getattr(e, "results", None):  # the figures measured before a late stage failed
+            failed = assemble({**e.results, **failed})
+        outcome = failed
         run_dir.record_failure(failed)
         status = (LOST_WORKER if isinstance(e, LostWorker) else
                   USER_ERROR if user_error else INTERNAL_ERROR)

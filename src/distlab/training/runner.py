@@ -236,6 +236,11 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
                                    status="interrupted", interrupted_stage=stopped.stage,
                                    steps_in_epoch=step, checkpoint=checkpoints.latest)
         raise stopped from None
+    except DistlabError as e:  # a stage after training failed: its record keeps the figures
+        if done:               # measured before it (the job adds status failed and the error)
+            e.results = _results(exp, (trained or checkpoints.position)[0], **done,
+                                 checkpoint=checkpoints.latest)
+        raise
     return _results(exp, (trained or checkpoints.position)[0], **done, **_pruned(exp, controller),
                     checkpoint=checkpoints.latest)
 

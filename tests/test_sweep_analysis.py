@@ -280,3 +280,22 @@ def test_a_summary_claims_no_objective_no_job_reported_nor_a_setting_a_failed_jo
     md = (tmp_path / "one_failed" / "summary.md").read_text()
     assert "Objective: `val_loss` (minimized)" in md, md
     assert "Same in every job: batch/replica 64." in md and "| global batch |" in md, md
+
+
+def test_a_study_without_a_completed_trial_gets_no_plots_and_no_optuna_warning(tmp_path,
+                                                                               caplog):
+    """A search stopped in its first trial: Optuna warned "There are no complete trials"
+    among distlab's lines, and drew an empty history."""
+    import logging
+
+    import optuna
+
+    from distlab.reporting.search import analyse
+
+    study = optuna.create_study(study_name="distlab")
+    study.ask()  # running, stopped
+    with caplog.at_level(logging.WARNING):
+        out = analyse(study, tmp_path)
+    assert out.written == [] and not list(tmp_path.iterdir())
+    assert "no complete trials" not in caplog.text.lower()
+    assert "1 trials: 1 running." in out.lines

@@ -102,7 +102,7 @@ def analyse(study: Any, sweep_dir: Path, plots: bool = True,
         out.lines += ["", "Parameter importances (Optuna's PED-ANOVA on the completed "
                       "trials; they sum to 1):", "", "| parameter | importance |", "|---|---|"]
         out.lines += [f"| {k} | {v:.3f} |" for k, v in importances.items()]
-    if plots:
+    if plots and done:  # (a history of no completed trial: Optuna warns and draws nothing)
         out.written += _plots(optuna, study, sweep_dir, target_name,
                               draw_importance=not isinstance(importances, str))
     if out.written:

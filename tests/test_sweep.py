@@ -299,7 +299,7 @@ def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path, mlf
     out, text = _sweep(tiny_data_dir, sweep, *args, "optimizer.learning_rate=1e-3")
     assert out.returncode == 0, text[-3000:]
     assert [(r["job"], r["status"]) for r in _summary(sweep)] == [("0", "completed")]
-    assert "1 jobs: 1 completed, 0 failed." in (sweep / "summary.md").read_text()
+    assert "1 job: 1 completed, 0 failed." in (sweep / "summary.md").read_text()
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ def tally(jobs: list[Job]) -> str:
     not_started = sum(j.status == NOT_STARTED for j in jobs)
     pruned = sum(j.pruned for j in jobs)
     completed = sum(not j.failed for j in jobs)
-    text = (f"{len(jobs)} jobs: {completed} completed, "
+    text = (f"{len(jobs)} job{'' if len(jobs) == 1 else 's'}: {completed} completed, "
             f"{len(jobs) - completed - interrupted - not_started - pruned} failed")
     return (text + (f", {interrupted} interrupted" if interrupted else "")
             + (f", {not_started} not started" if not_started else "")

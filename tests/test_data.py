@@ -209,6 +209,9 @@ def test_a_new_source_is_one_class_listed_in_the_pipeline_s_sources(monkeypatch)
     ("no_such_ds", "dataset.name='no_such_ds' is not a tensorflow-datasets dataset"),
     ("''", "dataset.name='' cannot be read by tensorflow-datasets in dataset.data_dir="),
     ("mnist:9.9.9", "cannot be loaded at version 9.9.9, only: 3.0.1"),
+    # tfds' line ended "Here are 10 BuilderConfigs whose name closely match:" (none follow)
+    ("mnist/foo", "(BuilderConfig foo not found with version 3.0.1): use a tfds name such "
+                  "as mnist, name:version with a version it has, or name/config with a config"),
 ])
 def test_a_name_tfds_cannot_read_is_one_line_naming_the_key(name, says, tiny_data_dir):
     cfg = compose_once([f"dataset.name={name}", f"dataset.data_dir={tiny_data_dir}"]).dataset

@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,16 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         ) from None
     except (ValueError, AssertionError) as e:  # an empty name, a version tfds does not have
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        # tfds lists "BuilderConfigs whose name closely match:" on the lines after (none
+        # for a dataset without configs); the first line keeps only the reason
+        why = re.sub(r"\. Here are \d+ \w+ whose name closely match:\s*$", "", why)
+        why = re.sub(r"^Failed to construct dataset \"[^\"]*\", builder_kwargs \"[^\"]*\": ",
+                     "", why)
         where = f" in dataset.data_dir={data_dir}" if data_dir else ""
         raise DistlabError(f"dataset.name={name!r} cannot be read by tensorflow-datasets"
-                           f"{where} ({why}): use a tfds name such as mnist, or name:version "
-                           "with a version it has") from None
+                           f"{where} ({why}): use a tfds name such as mnist, name:version "
+                           "with a version it has, or name/config with a config it has"
+                           ) from None
 
 
 def _unreachable_host(builder: tfds.core.DatasetBuilder) -> str | None:

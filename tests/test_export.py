@@ -69,7 +69,7 @@ def test_a_completed_run_rerun_with_export_exports_its_final_model(tmp_path, run
     assert RunDir(tmp_path / "bare").read_history() == history
     caplog.clear()
     again = run_inprocess(*common, "trainer.export=true", out=run_dir)
-    assert "completed without an export; trainer.export=true: exporting" in caplog.text
+    assert "completed without an export: its stages after training run again" in caplog.text
     assert (again["status"], again["saved_model"], again["epochs_completed"]) == (
         "completed", "saved_model", 2)
     assert again["export_max_abs_diff"] < 1e-5
@@ -79,6 +79,32 @@ def test_a_completed_run_rerun_with_export_exports_its_final_model(tmp_path, run
     assert "serving_default" in tf.saved_model.load(str(run_dir / "saved_model")).signatures
     caplog.clear()
     assert run_inprocess(*common, "trainer.export=true", out=run_dir)["saved_model"]
+    assert "already completed 2 epoch(s); not retraining" in caplog.text
+
+
+def test_a_completed_run_rerun_with_the_best_checkpoint_test_tests_it(tmp_path, run_inprocess,
+                                                                      caplog):
+    """trainer.best_checkpoint.test=true on a completed run that kept checkpoints/best: the
+    stages after training run again, with the best checkpoint's test, and nothing is trained
+    (it was refused as a config change)."""
+    from distlab.records.run_dir import RunDir
+
+    run_dir = tmp_path / "run"
+    common = ("trainer.epochs=2", "trainer.steps_per_epoch=2", "model=mlp",
+              "model.hidden_units=[8]", "trainer.best_checkpoint.metric=val_loss")
+    first = run_inprocess(*common, out=run_dir)
+    history = RunDir(run_dir).read_history()
+    assert first["status"] == "completed" and first.get("best_test_loss") is None
+    caplog.set_level(logging.INFO, logger="distlab")
+    tested = run_inprocess(*common, "trainer.best_checkpoint.test=true", out=run_dir)
+    assert "completed without the test of its best checkpoint: its stages after training " \
+           "run again (nothing is trained)" in caplog.text
+    assert tested["best_test_loss"] is not None and tested["epochs_completed"] == 2
+    assert tested["test_loss"] == pytest.approx(first["test_loss"], rel=1e-6)
+    assert RunDir(run_dir).read_history() == history  # no epoch trained again
+    caplog.clear()
+    assert run_inprocess(*common, "trainer.best_checkpoint.test=true",
+                         out=run_dir) == tested
     assert "already completed 2 epoch(s); not retraining" in caplog.text
 
 

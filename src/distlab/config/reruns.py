@@ -12,7 +12,8 @@ from distlab.config.schema import GROUP_SCHEMAS, Config
 # Keys a rerun into an existing run directory may change: they do not change what the
 # optimizer sees (how long, how often to checkpoint or report, where data is read from).
 RERUN_NEUTRAL_KEYS = {
-    "trainer.epochs", "trainer.export", "trainer.max_checkpoints", "trainer.validate_every",
+    "trainer.epochs", "trainer.export", "trainer.best_checkpoint.test",
+    "trainer.max_checkpoints", "trainer.validate_every",
     "trainer.checkpoint_every", "loop.verbose", "loop.steps_per_loop",
     "loop.steps_per_execution", "loop.jit_compile", "objective", "mode", "ckpt_path",
     "dataset.data_dir", "dataset.cache", "dataset.disk_cache", "dataset.cache_dir",

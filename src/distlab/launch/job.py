@@ -49,7 +49,7 @@ from distlab.errors import (
 )
 from distlab.errors import message as error_message
 from distlab.launch import refusals, workers
-from distlab.launch.rerun import already_completed, export_missing, rerun_refusal
+from distlab.launch.rerun import already_completed, rerun_refusal, stages_missing
 from distlab.records.fields import is_field
 from distlab.records.results import assemble, failed_results, objective_value
 from distlab.records.run_dir import RunDir, RunDirBusy
@@ -132,7 +132,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     logging_to, signals = ExitStack(), ExitStack()
     session, outcome = None, None  # the chief's tracker run, and what it is told at the end
     stop, results, owned = StopRequest(), None, False
-    exporting = False  # a completed run rerun to export it: its record stays if cut short
+    completing = None  # a completed run rerun for a missing stage: its record stays if cut short
     try:
         _check_interpolations(cfg)
         validate(cfg)
@@ -162,12 +162,12 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
                 refusal += (f" (precision=auto chose {cfg.precision} here: give the run's "
                             "precision to resume it on this machine)")
             previous = run_dir.read_results()
-            exporting = not refusal and export_missing(previous, cfg, run_dir)
-            verdict = ("refused" if refusal else "train" if exporting
+            completing = None if refusal else stages_missing(previous, cfg, run_dir)
+            verdict = ("refused" if refusal else "train" if completing
                        else "completed" if already_completed(previous, cfg) else "train")
-            if exporting:
-                log.info("%s completed without an export; trainer.export=true: exporting its "
-                         "final model", run_dir.path)
+            if completing:
+                log.info("%s completed without %s: its stages after training run again "
+                         "(nothing is trained)", run_dir.path, completing)
         strategy = None
         if worker.multi_worker:  # the cluster forms, then every worker takes the chief's verdict
             from distlab.distribute import multi_worker
@@ -237,7 +237,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
     except (Interrupted, Signalled) as e:  # a signal: what the job finished is kept
         stopped = stop.as_interrupted(e)
         log.error(str(stopped))
-        outcome = None if exporting else _interrupted_results(
+        outcome = None if completing else _interrupted_results(
             stopped, results, run_dir.read_results() if owned else None, cfg, origin or started)
         if owned and scratch is None and outcome is not None:
             run_dir.write_results(outcome)

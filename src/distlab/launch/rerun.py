@@ -24,13 +24,21 @@ def already_completed(previous: dict[str, Any] | None, cfg: DictConfig) -> bool:
                      or bool(previous.get("stopped_early"))))
 
 
-def export_missing(previous: dict[str, Any] | None, cfg: DictConfig, run_dir: RunDir) -> bool:
-    """Whether a completed run (`already_completed`) is rerun with `trainer.export=true`, has
-    no export and has the checkpoint to make one from: the rerun completes its stages after
-    training again (the final figures, then the export) and trains nothing."""
-    return bool(already_completed(previous, cfg) and cfg.trainer.export
-                and previous.get("status") == "completed" and not previous.get("saved_model")
-                and run_dir.has_checkpoints())
+def stages_missing(previous: dict[str, Any] | None, cfg: DictConfig,
+                   run_dir: RunDir) -> str | None:
+    """What a completed run (`already_completed`) rerun with `trainer.export=true` or
+    `trainer.best_checkpoint.test=true` lacks, having the checkpoint to make it from (None:
+    nothing): the rerun completes its stages after training again (the final figures, the
+    export, the best checkpoint's test) and trains nothing."""
+    if not (already_completed(previous, cfg) and previous.get("status") == "completed"):
+        return None
+    missing = []
+    if cfg.trainer.export and not previous.get("saved_model") and run_dir.has_checkpoints():
+        missing.append("an export")
+    if (cfg.trainer.best_checkpoint.test and previous.get("best_test_loss") is None
+            and any(run_dir.best_checkpoints.glob("ckpt-*.index"))):
+        missing.append("the test of its best checkpoint")
+    return " or ".join(missing) or None
 
 
 def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") -> str | None:

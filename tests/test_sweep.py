@@ -281,6 +281,8 @@ def test_a_refused_job_is_a_failed_job_of_the_sweep(tiny_data_dir, tmp_path, mlf
     assert [(r["job"], r["status"]) for r in rows] == [("0", "failed"), ("1", "completed")]
     assert float(rows[0]["optimizer.learning_rate"]) == 2e-3, rows[0]  # as asked
     assert "holds a run started with another config" in rows[0]["error"], rows[0]
+    assert rows[0]["error"].endswith("or choose a new hydra.sweep.dir (a sweep's job dir "
+                                     "holds the job of its number)"), rows[0]
     assert not rows[0]["test_loss"]  # not the earlier run's figures
     assert _results(sweep / "0")["learning_rate"] == pytest.approx(1e-3)  # left as it was
     md = (sweep / "summary.md").read_text()

@@ -157,7 +157,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         config = OmegaConf.to_container(cfg, resolve=True)
         verdict, refusal, previous = "train", None, None
         if worker.is_chief:
-            refusal = rerun_refusal(run_dir, config, cfg.mode)
+            refusal = rerun_refusal(run_dir, config, cfg.mode, in_sweep=sweep_dir is not None)
             if refusal and asked_auto and "precision (" in refusal:
                 refusal += (f" (precision=auto chose {cfg.precision} here: give the run's "
                             "precision to resume it on this machine)")

@@ -41,7 +41,8 @@ def stages_missing(previous: dict[str, Any] | None, cfg: DictConfig,
     return " or ".join(missing) or None
 
 
-def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") -> str | None:
+def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train",
+                  in_sweep: bool = False) -> str | None:
     """Why this run must not go into `run_dir` (which may hold an earlier run), or None.
 
     A training run whose earlier attempt has no checkpoint (it failed or was killed before
@@ -78,7 +79,9 @@ def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train") 
                    f"{after.get('trainer.epochs')} in another hydra.run.dir)"))
     return (f"{run_dir.path} holds a run started with another config: {shown}{more}{hint}. "
             "Rerun with its values to resume it (trainer.epochs and reporting keys may "
-            "differ), or choose a new hydra.run.dir")
+            "differ), or choose a new "
+            + ("hydra.sweep.dir (a sweep's job dir holds the job of its number)" if in_sweep
+               else "hydra.run.dir"))
 
 
 def _get(config: dict[str, Any], dotted: str) -> Any:

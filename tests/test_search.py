@@ -84,12 +84,12 @@ def test_a_refused_space_is_described_in_hydras_grammar():
         IntDistribution,
     )
 
-    from hydra_plugins.distlab_sweepers.optuna import _described
+    from hydra_plugins.distlab_sweepers.search_space import described
 
-    assert _described(CategoricalDistribution([32, 64])) == "choice(32,64)"
-    assert _described(FloatDistribution(1e-4, 0.1)) == "interval(0.0001, 0.1)"
-    assert _described(FloatDistribution(1e-4, 0.1, log=True)) == "tag(log, interval(0.0001, 0.1))"
-    assert _described(IntDistribution(1, 9, step=2)) == "range(1, 9, 2)"
+    assert described(CategoricalDistribution([32, 64])) == "choice(32,64)"
+    assert described(FloatDistribution(1e-4, 0.1)) == "interval(0.0001, 0.1)"
+    assert described(FloatDistribution(1e-4, 0.1, log=True)) == "tag(log, interval(0.0001, 0.1))"
+    assert described(IntDistribution(1, 9, step=2)) == "range(1, 9, 2)"
 
 
 def test_search_space_in_hydras_override_grammar():
@@ -121,6 +121,19 @@ def test_search_space_in_hydras_override_grammar():
         with pytest.raises(ConfigError, match=r"sweeps the objective, but a sweep ranks"):
             search_space(params, arguments)
     assert search_space({}, ["objective=val_loss"]) == ({}, {"objective": "val_loss"})
+
+
+def test_probes_give_every_choice_of_every_key_once():
+    """The trial parameters composed before a search starts (a choice a key cannot take is
+    refused before the study records a trial)."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    from hydra_plugins.distlab_sweepers.search_space import probes
+
+    space = {"a": CategoricalDistribution([1, 2, 3]), "lr": FloatDistribution(0.1, 0.2),
+             "b": CategoricalDistribution(["x", "y"])}
+    assert list(probes(space)) == [{"a": 1, "lr": 0.1, "b": "x"}, {"a": 2, "lr": 0.1, "b": "x"},
+                                   {"a": 3, "lr": 0.1, "b": "x"}, {"a": 1, "lr": 0.1, "b": "y"}]
 
 
 def test_a_signal_another_thread_took_is_handled_while_the_trial_threads_run():

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.distlab_sweepers.search_space import search_space
+from hydra_plugins.distlab_sweepers.search_space import described, probes, search_space
 from hydra_plugins.distlab_sweepers.sweep_records import claim_sweep_dir, record_arguments
 from hydra_plugins.distlab_sweepers.trial_jobs import job_status, job_value
 
@@ -165,7 +164,7 @@ class DistlabOptunaSweeper(Sweeper):
         # is refused before the study records a trial that no job could run. (A key added
         # with `+` is the job's to check, once the user's code that may declare it is
         # loaded: not here)
-        for values in _probes(space):
+        for values in probes(space):
             self._hydra_context.config_loader.load_sweep_config(self._config,
                                                                 self._overrides(0, values))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -280,8 +279,8 @@ class DistlabOptunaSweeper(Sweeper):
 
                     raise ConfigError(
                         f"the study {self.study_name!r} in {self._location} searched {key} "
-                        f"over {_described(held)}; this search over "
-                        f"{_described(self._space[key])}: keep it, or use another "
+                        f"over {described(held)}; this search over "
+                        f"{described(self._space[key])}: keep it, or use another "
                         "hydra.sweep.dir") from None
 
     def _next(self) -> tuple[Any, list[str]] | None:
@@ -436,34 +435,6 @@ def _advice(job_cfg: DictConfig, higher: dict[str, bool]) -> str:
 def _objective_field(config: DictConfig) -> str:
     """The results.json field the jobs return (as `distlab.launch.job` picks it)."""
     return str(config.get("objective") or "the objective (the task's first metric)")
-
-
-def _described(distribution: Any) -> str:
-    """An Optuna distribution in Hydra's grammar, as a user writes it: choice(...),
-    interval(a, b) or range(a, b, step), tagged log where it is."""
-    choices = getattr(distribution, "choices", None)
-    if choices is not None:
-        return "choice(" + ",".join(map(str, choices)) + ")"
-    step = getattr(distribution, "step", None)
-    span = (f"range({distribution.low}, {distribution.high}, {step})" if step is not None
-            else f"interval({distribution.low}, {distribution.high})")
-    return f"tag(log, {span})" if getattr(distribution, "log", False) else span
-
-
-def _first_value(distribution: Any) -> Any:
-    """A value of `distribution` a trial could be given: its first choice, or its low end."""
-    choices = getattr(distribution, "choices", None)
-    return choices[0] if choices is not None else distribution.low
-
-
-def _probes(space: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Trial parameters that give each key's every choice (an interval or range: its low
-    end) once: each key's first value, then one key's other choices in turn."""
-    first = {k: _first_value(d) for k, d in space.items()}
-    yield first
-    for key, distribution in space.items():
-        for choice in (getattr(distribution, "choices", None) or ())[1:]:
-            yield {**first, key: choice}
 
 
 def _listed(text: str, keys: set[str]) -> str:

@@ -3,6 +3,7 @@ in Hydra's override grammar, as Optuna distributions and fixed values."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -65,3 +66,31 @@ def distribution(override: Any) -> Any:
             return IntDistribution(value.start, value.end, log=log_scale)
         return FloatDistribution(float(value.start), float(value.end), log=log_scale)
     raise NotImplementedError(f"{override.input_line}: not a search space Optuna can sample")
+
+
+def described(distribution: Any) -> str:
+    """An Optuna distribution in Hydra's grammar, as a user writes it: choice(...),
+    interval(a, b) or range(a, b, step), tagged log where it is."""
+    choices = getattr(distribution, "choices", None)
+    if choices is not None:
+        return "choice(" + ",".join(map(str, choices)) + ")"
+    step = getattr(distribution, "step", None)
+    span = (f"range({distribution.low}, {distribution.high}, {step})" if step is not None
+            else f"interval({distribution.low}, {distribution.high})")
+    return f"tag(log, {span})" if getattr(distribution, "log", False) else span
+
+
+def first_value(distribution: Any) -> Any:
+    """A value of `distribution` a trial could be given: its first choice, or its low end."""
+    choices = getattr(distribution, "choices", None)
+    return choices[0] if choices is not None else distribution.low
+
+
+def probes(space: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Trial parameters that give each key's every choice (an interval or range: its low
+    end) once: each key's first value, then one key's other choices in turn."""
+    first = {k: first_value(d) for k, d in space.items()}
+    yield first
+    for key, distribution in space.items():
+        for choice in (getattr(distribution, "choices", None) or ())[1:]:
+            yield {**first, key: choice}

@@ -53,9 +53,10 @@ WAIT_S = 300.0  # how long the sweep waits, at most, for its jobs to stop
 POLL_S = 0.1
 # the launchers whose jobs run in local processes of their own, and Hydra's basic one (its
 # jobs in the sweep's process, as joblib's with n_jobs=1)
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 LAUNCHERS = ("hydra_plugins.hydra_joblib_launcher.",
              "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
-             "hydra._internal.core_plugins.basic_launcher.BasicLauncher")
+             BASIC_LAUNCHER)
 NAMES = {signal.SIGINT: "Ctrl-C (SIGINT)", signal.SIGTERM: "SIGTERM"}
 T = TypeVar("T")
 
@@ -73,8 +74,10 @@ class Ending:
 class _Sweep:
     """The sweep's process's side: the signals it got and the stops it sent."""
 
-    def __init__(self, folder: Path, on_end: Callable[[], None] | None) -> None:
+    def __init__(self, folder: Path, on_end: Callable[[], None] | None,
+                 in_process: bool = False) -> None:
         self.folder, self.on_end = folder, on_end
+        self.in_process = in_process  # Hydra's basic launcher: no job process to die
         self.lock = threading.RLock()  # a handler may run while the main thread holds it
         self.signals: list[int] = []
         self.asked: dict[int, int] = {}  # job pid: stops sent
@@ -137,7 +140,7 @@ def coordinate(config: DictConfig, on_end: Callable[[], None] | None = None) -> 
         return
     folder = Path(tempfile.mkdtemp(prefix="distlab-sweep-"))
     os.environ[JOBS_DIR] = str(folder)
-    _sweep = sweep = _Sweep(folder, on_end)
+    _sweep = sweep = _Sweep(folder, on_end, in_process=target == BASIC_LAUNCHER)
     joblib = "joblib" in target
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # nohup, `&`: stays ignored
         _start_resource_trackers(joblib)  # they unblock SIGINT in the thread that starts them
@@ -251,6 +254,9 @@ def broken(error: BaseException) -> int | None:
     sweep = _sweep
     if sweep is None:
         return None
+    if sweep.in_process and not isinstance(error, Stopped):  # no job process died: the
+        end()  # launcher's own error (Hydra's, writing the sweep dir), reported as outside
+        return None  # a sweep
     sweep.stop_and_wait()
     what = (f"the process of {' and '.join(sweep.dead)} died without finishing (killed, or "
             "out of memory)" if sweep.dead else f"its launcher failed ({described(error)})")

@@ -36,13 +36,13 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from distlab.launch.sweep_signals import BASIC_LAUNCHER
 from hydra_plugins.distlab_sweepers.search_space import described, probes, search_space
 from hydra_plugins.distlab_sweepers.sweep_records import claim_sweep_dir, record_arguments
 from hydra_plugins.distlab_sweepers.trial_jobs import job_status, job_value
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
-BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
 # `hydra/sweeper=distlab_optuna` (what `hparams_search=optuna` selects), with its defaults.

@@ -54,39 +54,54 @@ def test_a_checkpoint_failing_its_checksum_is_called_damaged(run_inprocess, tmp_
 
 def test_a_resume_without_a_usable_state_file_takes_the_newest_checkpoint_on_disk(
         run_inprocess, run_once, tmp_path, caplog):
-    """checkpoints/checkpoint unreadable (TensorFlow ignored it and distlab trained afresh,
-    saving over the checkpoints), or naming a checkpoint whose files were moved away (called
-    a model mismatch): the newest ckpt-N on disk is resumed, with a warning; the run ends
-    as the uninterrupted one. A truncated index is called damaged, not a mismatch."""
+    """checkpoints/checkpoint unreadable or deleted (TensorFlow ignored it and distlab trained
+    afresh, saving over the checkpoints), empty (an internal error), or naming a checkpoint
+    whose files were moved away or whose data file is gone (called a model mismatch): the
+    newest intact ckpt-N on disk is resumed, with a warning; the run ends as the
+    uninterrupted one, and trainer.max_checkpoints still holds. A truncated index is
+    called damaged, not a mismatch."""
     import logging
     import shutil
 
-    three = (*SMALL[:-4], "trainer.epochs=3", *SMALL[-3:])
+    import tensorflow as tf
+
+    three = (*SMALL[:-4], "trainer.epochs=3", *SMALL[-3:], "trainer.max_checkpoints=2")
     whole, _ = run_once(*three)
     run = tmp_path / "run"
-    run_inprocess(*SMALL[:-4], "trainer.epochs=2", *SMALL[-3:], out=run)
     ckpts = run / "checkpoints"
-    (run / "results.json").unlink()  # (killed before it was written)
-    (ckpts / "checkpoint").write_text("garbage ][\n")
-    with caplog.at_level(logging.INFO, logger="distlab"):
-        resumed = run_inprocess(*three, out=run)
-    assert f"{ckpts / 'checkpoint'} (TensorFlow's list of checkpoints) is unreadable: " \
-           f"resuming from the newest checkpoint on disk, {ckpts / 'ckpt-4'}" in caplog.text
-    assert "2 epoch(s) done, 0 step(s) into the next" in caplog.text
-    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
-    assert resumed["checkpoint"] == str(ckpts / "ckpt-6")
+    run_inprocess(*three[:-5], "trainer.epochs=2", *three[-4:], out=run)
 
+    def resumed_from(newest: str, why: str, trained: bool = True) -> None:
+        (run / "results.json").unlink()  # (killed before it was written)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="distlab"):
+            resumed = run_inprocess(*three, out=run)
+        assert f"{ckpts / 'checkpoint'} (TensorFlow's list of checkpoints) {why}: resuming " \
+               f"from the newest checkpoint on disk, {ckpts / newest}" in caplog.text
+        assert resumed["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+        assert resumed["checkpoint"] == str(ckpts / "ckpt-6")
+        kept = sorted(p.name for p in ckpts.glob("ckpt-*.index"))
+        assert kept == ["ckpt-4.index", "ckpt-6.index"], kept  # max_checkpoints=2
+        if trained:
+            assert "2 epoch(s) done, 0 step(s) into the next" in caplog.text
+        state = tf.train.get_checkpoint_state(str(ckpts))  # written again, as a save would
+        assert state.model_checkpoint_path == str(ckpts / "ckpt-6"), state
+
+    (ckpts / "checkpoint").write_text("garbage ][\n")
+    resumed_from("ckpt-4", "is unreadable")
+    (ckpts / "checkpoint").unlink()
+    resumed_from("ckpt-6", "is missing", trained=False)
+    (ckpts / "checkpoint").write_text("")  # a crash's, a full disk's
+    resumed_from("ckpt-6", "is unreadable", trained=False)
+    assert (ckpts / "checkpoint.unreadable").read_text() == ""  # kept aside
     moved = tmp_path / "moved"
     moved.mkdir()
     for path in ckpts.glob("ckpt-6.*"):
         shutil.move(path, moved / path.name)
-    (run / "results.json").unlink()
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="distlab"):
-        again = run_inprocess(*three, out=run)
-    assert f"names {ckpts / 'ckpt-6'}, whose files are gone: resuming from the newest " \
-           f"checkpoint on disk, {ckpts / 'ckpt-4'}" in caplog.text
-    assert again["test_loss"] == pytest.approx(whole["test_loss"], abs=1e-6)
+    resumed_from("ckpt-4", f"names {ckpts / 'ckpt-6'}, whose files are gone")
+    (data,) = ckpts.glob("ckpt-6.data-*")
+    data.unlink()
+    resumed_from("ckpt-4", f"names {ckpts / 'ckpt-6'}, whose files are gone")
 
     index = ckpts / "ckpt-6.index"
     index.write_bytes(index.read_bytes()[:20])

@@ -66,11 +66,9 @@ class Checkpoints:
                 f"loop.name={exp.cfg.loop.name!r}: its state() cannot be checkpointed "
                 f"({first_line(e)}); state() returns {{name: tf.Variable or another trackable "
                 "object}}") from None
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, str(exp.run_dir.checkpoints),
-            max_to_keep=exp.cfg.trainer.max_checkpoints)
-        self.best = (tf.train.CheckpointManager(self.checkpoint,
-                                                str(exp.run_dir.best_checkpoints), max_to_keep=1)
+        self.manager = _manager(self.checkpoint, exp.run_dir.checkpoints,
+                                exp.cfg.trainer.max_checkpoints)
+        self.best = (_manager(self.checkpoint, exp.run_dir.best_checkpoints, 1)
                      if exp.monitors.best else None)
 
     @property
@@ -148,22 +146,22 @@ class Checkpoints:
         gone, the newest ckpt-N on disk, with a warning (TensorFlow would start afresh and
         save over them)."""
         listed = self.latest
-        if listed and Path(f"{listed}.index").exists():
+        if listed and _has_files(listed):
             return listed
         directory = self.exp.run_dir.checkpoints
-        on_disk = sorted((int(m.group(1)), str(directory / f"ckpt-{m.group(1)}"))
-                         for p in directory.glob("ckpt-*.index")
+        numbers = sorted(int(m.group(1)) for p in directory.glob("ckpt-*.index")
                          if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
+        on_disk = [prefix for n in numbers if _has_files(prefix := str(directory / f"ckpt-{n}"))]
         if not on_disk:
             return listed  # (a listed prefix without files: restoring it says so)
-        newest = on_disk[-1][1]
         state = directory / "checkpoint"
         why = (f"names {listed}, whose files are gone" if listed else
-               "is unreadable" if state.exists() else "is missing")
+               "is unreadable" if state.exists() or state.with_name(UNREADABLE).exists()
+               else "is missing")
         log.warning("%s (TensorFlow's list of checkpoints) %s: resuming from the newest "
-                    "checkpoint on disk, %s", state, why, newest)
-        _list_in(self.manager, newest)
-        return newest
+                    "checkpoint on disk, %s", state, why, on_disk[-1])
+        _list_in(self.manager, on_disk)
+        return on_disk[-1]
 
     def _restore_all(self, prefix: str) -> None:
         # written before checkpoints kept these: the rest of its state
@@ -265,14 +263,42 @@ def _expect_partial(prefix: str) -> None:
             obj.expect_partial = True
 
 
-def _list_in(manager: tf.train.CheckpointManager, prefix: str) -> None:
-    """Make `manager` hold `prefix` as its latest checkpoint, as if it had saved it: its
-    `latest_checkpoint` names it, and its next saves count it in max_to_keep. TF has no
-    public way; its private `_latest_checkpoint` and `_maybe_delete` (TF 2.x, checked on
-    2.21) are set where they exist."""
-    if hasattr(manager, "_latest_checkpoint") and hasattr(manager, "_maybe_delete"):
-        manager._latest_checkpoint = prefix  # noqa: SLF001
-        manager._maybe_delete[prefix] = Path(f"{prefix}.index").stat().st_mtime  # noqa: SLF001
+UNREADABLE = "checkpoint.unreadable"  # a state file TensorFlow refused, kept aside
+
+
+def _manager(checkpoint: tf.train.Checkpoint, directory: Path,
+             max_to_keep: int) -> tf.train.CheckpointManager:
+    """TensorFlow's manager of `directory`. A state file it refuses (an empty one, left by a
+    crash or a full disk: "Invalid checkpoint state") is moved aside to checkpoint.unreadable
+    (kept), and the resume then takes the newest checkpoint on disk."""
+    try:
+        return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
+    except ValueError:
+        state = directory / "checkpoint"
+        state.replace(state.with_name(UNREADABLE))
+        return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
+
+
+def _has_files(prefix: str) -> bool:
+    """Whether checkpoint `prefix` has its index and data files."""
+    return Path(f"{prefix}.index").exists() and any(Path(prefix).parent.glob(
+        f"{Path(prefix).name}.data-*"))
+
+
+def _list_in(manager: tf.train.CheckpointManager, prefixes: list[str]) -> None:
+    """Make `manager` hold `prefixes` (oldest first) as if it had saved them, and write its
+    state file listing them: its `latest_checkpoint` names the last, and its next saves count
+    them all in max_to_keep (so the oldest are deleted as usual). TF has no public way to
+    tell a manager; its private `_latest_checkpoint`, `_maybe_delete` and `_record_state`
+    (TF 2.x, checked on 2.21: the state file with paths relative to its folder, so a moved
+    run dir still resumes) are used where they exist."""
+    if all(hasattr(manager, a) for a in ("_latest_checkpoint", "_maybe_delete",
+                                         "_record_state")):
+        manager._maybe_delete.clear()  # noqa: SLF001 - what a broken state file listed
+        for prefix in prefixes:
+            manager._maybe_delete[prefix] = Path(f"{prefix}.index").stat().st_mtime  # noqa: SLF001
+        manager._latest_checkpoint = prefixes[-1]  # noqa: SLF001
+        manager._record_state()  # noqa: SLF001
 
 
 def _damaged(error: BaseException) -> bool:

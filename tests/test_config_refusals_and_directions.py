@@ -397,3 +397,44 @@ def test_an_empty_data_or_cache_dir_is_refused_not_taken_as_the_current_one(key,
                                           rf"default \({key}=null\)$"):
         validate(compose_once([f"{key}={value}"]))
     validate(compose_once([f"{key}=null"]))  # the default
+
+
+@pytest.mark.parametrize("hook, hydra, says", [
+    ("on_run_start", {"run": {"dir": ""}}, "hydra.run.dir is empty, which Hydra takes as"),
+    ("on_run_start", {"run": {"dir": "/runs/x?"}}, "hydra.run.dir=/runs/x? has '?' in its"),
+    ("on_multirun_start", {"sweep": {"dir": "/s/[1]", "subdir": "${hydra.job.num}"}},
+     "hydra.sweep.dir=/s/[1] has '[' in its path"),
+    ("on_multirun_start", {"sweep": {"dir": "/s", "subdir": ""}},
+     "hydra.sweep.subdir is empty, so every job would write into the sweep dir itself"),
+    ("on_multirun_start", {"sweep": {"dir": "/s", "subdir": "${hydra.job.num}"},
+                           "sweeper": {"params": {"objective": "val_accuracy,val_loss"}}},
+     "objective=val_accuracy,val_loss sweeps the objective"),
+])
+def test_output_dirs_and_sweep_settings_from_a_yaml_are_refused_before_hydra_makes_them(
+        hook, hydra, says, capsys):
+    """What the command line's checks cannot see (a YAML's or an interpolation's value):
+    refused by the callback, before Hydra creates the directory (it trained in the current
+    directory, or made a directory it then refused, or ranked a swept objective)."""
+    from distlab.launch.output_dir import CheckedOutputDir
+
+    with pytest.raises(SystemExit) as exit_:
+        getattr(CheckedOutputDir(), hook)(OmegaConf.create({"hydra": hydra}))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {says}")
+    fine = {"run": {"dir": "/runs/a"}, "sweep": {"dir": "/s", "subdir": "${hydra.job.num}"}}
+    getattr(CheckedOutputDir(), hook)(OmegaConf.create({"hydra": fine}))  # no exit
+
+
+def test_the_api_refuses_an_empty_run_dir_instead_of_the_current_one(tmp_path, monkeypatch):
+    from conftest import ROOT
+
+    import distlab
+
+    monkeypatch.chdir(tmp_path)
+    for kwargs, overrides, option in (({}, ["hydra.run.dir="], "hydra.run.dir"),
+                                      ({"output_dir": ""}, [], "output_dir")):
+        refused = distlab.train(["trainer.epochs=1", *overrides], config_path=ROOT / "conf",
+                                **kwargs)
+        assert refused.exit_code == 2 and refused.error.startswith(
+            f"{option} is empty, which Hydra takes as the current directory"), refused.error
+    assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,7 @@ from distlab.config.store import config_dirs_problem
 from distlab.errors import DistlabError, hydra_value
 from distlab.launch.job import USER_ERROR, Results, run
 from distlab.launch.worker_dir import non_chief, own_dir
-from distlab.records.run_dir import RunDir
+from distlab.records.run_dir import RunDir, refused_output_dir
 
 
 def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
@@ -50,7 +50,11 @@ def train(overrides: Sequence[str] = (), config_dir: str | Path | None = None,
         composed = _compose(list(overrides), config_dir, config_path)
     except DistlabError as e:
         return Results(Path(output_dir or "."), exit_code=USER_ERROR, error=str(e))
-    run_dir = Path(output_dir or str(composed.hydra.run.dir))
+    given = ("output_dir", str(output_dir)) if output_dir is not None else (
+        "hydra.run.dir", str(composed.hydra.run.dir))
+    if problem := refused_output_dir(*given):
+        return Results(Path("."), exit_code=USER_ERROR, error=problem)
+    run_dir = Path(given[1])
     if (worker := non_chief(composed)) is not None:  # never in the chief's run dir
         run_dir = Path(own_dir(str(run_dir), worker))
     try:  # made first, as Hydra makes the command's, so a failure is recorded in it

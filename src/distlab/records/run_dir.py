@@ -281,11 +281,14 @@ def _output_dir_arg(argv: list[str]) -> tuple[str, str] | None:
 
 
 def refused_output_dir_args(argv: list[str]) -> str | None:
-    """Why the output dir named on the command line is refused (empty: Hydra would take the
-    current directory; a file pattern's characters), or None; asked before Hydra creates it."""
-    if (given := _output_dir_arg(argv)) is None:
-        return None
-    option, target = given
+    """Why the output dir named on the command line is refused (`refused_output_dir`), or
+    None; asked before Hydra creates it."""
+    return None if (given := _output_dir_arg(argv)) is None else refused_output_dir(*given)
+
+
+def refused_output_dir(option: str, target: str) -> str | None:
+    """Why output dir `target` (the value of `option`) is refused, or None: empty (Hydra
+    would take the current directory), or with a file pattern's characters."""
     if not target.strip():
         return (f"{option} is empty, which Hydra takes as the current directory: give a "
                 f"directory ({option}=. if the current one is meant)")

@@ -133,10 +133,16 @@ def test_a_stage_after_training_that_fails_keeps_the_figures_measured_before_it(
         run_inprocess(*args, out=run)
     assert exit_.value.code == 2
     failed = json.loads((run / "results.json").read_text())
-    assert failed["status"] == "failed" and "is truncated or corrupt" in failed["error"]
+    assert failed["status"] == "failed" and failed["error"].startswith(
+        f"trainer.best_checkpoint.test=true cannot test {run / 'checkpoints' / 'best'}/ckpt-")
+    assert "it is truncated or corrupt (" in failed["error"] and failed["error"].endswith(
+        "Put its files back, or rerun with trainer.best_checkpoint.test=false to complete "
+        "the run without that test"), failed["error"]
     assert (failed["test_loss"], failed["val_loss"], failed["epochs_completed"]) == (
         whole["test_loss"], whole["val_loss"], 2)
     assert failed.get("best_test_loss") is None
+    completed = run_inprocess(*args[:-1], "trainer.best_checkpoint.test=false", out=run)
+    assert completed["status"] == "completed" and completed["test_loss"] == whole["test_loss"]
 
 
 def test_a_checkpoint_of_another_model_is_one_line_without_tensorflows_list(

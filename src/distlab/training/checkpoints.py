@@ -198,6 +198,21 @@ class Checkpoints:
         models.refresh_adapted(exp.model)  # adapted layers use the restored statistics
         return prefix
 
+    def restore_best(self, prefix: str) -> None:
+        """checkpoints/best's model, for its test (trainer.best_checkpoint.test); why not,
+        in one line saying what to do (an evaluation's advice names ckpt_path)."""
+        why = "its files are gone" if not _has_files(prefix) else None
+        if why is None:
+            try:
+                self.restore_model(prefix)
+                return
+            except DistlabError as e:
+                why = str(e).partition(": ")[2].partition(". ")[0]
+        raise DistlabError(
+            f"trainer.best_checkpoint.test=true cannot test {prefix}: {why}. Put its files "
+            "back, or rerun with trainer.best_checkpoint.test=false to complete the run "
+            "without that test")
+
     def _restore_model(self, prefix: str) -> None:
         """The model weights (and epoch counter) of `prefix`, checked against the model.
 

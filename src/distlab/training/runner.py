@@ -225,7 +225,7 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
             # last: it replaces the final model's weights with the best epoch's
             stop.begin(BEST_TEST)
             trained = checkpoints.position
-            checkpoints.restore_model(done["best_checkpoint"])
+            checkpoints.restore_best(done["best_checkpoint"])
             best = _prefixed("best_test", loop.evaluate("test"))
             done.update(best)
             log.info("checkpoints/best (epoch %d): %s", done["best_epoch"], _figures(best))

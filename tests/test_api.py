@@ -104,6 +104,25 @@ def test_a_users_model_builder_that_raises_is_named_by_key_with_its_traceback_in
     assert "broken_parts.py\", line 2, in net" in log  # the user's frame, for the fix
 
 
+def test_a_failure_before_the_log_file_opens_promises_no_traceback_in_it(
+        tmp_path, monkeypatch, caplog):
+    """An `imports:` module that raises, through the API: the job fails before its run.log
+    exists, so its one line does not send the user there."""
+    import logging
+
+    import distlab
+
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level(logging.ERROR, logger="distlab"):
+        failed = distlab.train(["imports=[raises_on_import]"], config_path=ROOT / "conf",
+                               output_dir=tmp_path / "run")
+    assert failed.exit_code == 2 and failed.error == (
+        "imports[0]='raises_on_import' raised RuntimeError: boom")
+    assert not (tmp_path / "run" / "run.log").exists()
+    assert [r.getMessage() for r in caplog.records if r.name == "distlab"] == [failed.error]
+
+
 def test_config_dir_adds_the_users_configs_as_the_commands_config_dir(tmp_path, monkeypatch):
     """`config_dir` is the command's `--config-dir`: the user's YAMLs join distlab's groups
     (it used to replace distlab's configs: "Cannot find primary config 'config'")."""

@@ -248,13 +248,13 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         # the traced frames); anything else: its type and first line, the traceback in run.log
         message = error_message(e) if user_error else f"{type(e).__name__}: {e}"
         if isinstance(e, UserCodeError) and e.__cause__ is not None:  # the user's traceback
-            _traceback_to_log_file(e.__cause__)
-            log.error(f"{message} (traceback in run.log)")
+            logged = _traceback_to_log_file(e.__cause__)
+            log.error(message + (" (traceback in run.log)" if logged else ""))
         elif user_error:
             log.error(message)
         else:
-            _traceback_to_log_file(e)
-            log.error(described(e) + " (traceback in run.log)")
+            logged = _traceback_to_log_file(e)
+            log.error(described(e) + (" (traceback in run.log)" if logged else ""))
         failed = failed_results(cfg, message, origin or started)
         if getattr(e, "results", None):  # the figures measured before a late stage failed
             failed = assemble({**e.results, **failed})
@@ -321,10 +321,13 @@ def process_started() -> float:
         return _IMPORTED
 
 
-def _traceback_to_log_file(error: BaseException) -> None:
-    """The full traceback goes to run.log only; the console gets one line."""
+def _traceback_to_log_file(error: BaseException) -> bool:
+    """The full traceback goes to run.log only (the console gets one line); whether a log
+    file took it (none yet when the job failed before its log file was opened)."""
     text = "".join(traceback.format_exception(error))
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, text, None, None)
-    for handler in (*logging.getLogger().handlers, *log.handlers):
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
+    files = [h for h in (*logging.getLogger().handlers, *log.handlers)
+             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).name == "run.log"]
+    for handler in files:
+        handler.handle(record)
+    return bool(files)

@@ -3,6 +3,7 @@ feature mappings, float labels, user dataset builders, preprocessing and augment
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 
@@ -231,6 +232,34 @@ def test_a_task_the_labels_do_not_fit_is_refused(run_inprocess, tmp_path, overri
     with pytest.raises(SystemExit):
         run_inprocess(*overrides, out=out)
     assert message in (out / "results.json").read_text()
+
+
+def test_a_task_whose_keras_loss_reduces_the_batch_is_one_line():
+    """A Keras loss left at its default reduction gave TensorFlow's BroadcastTo error (a
+    per-example loss is what distlab averages over the global batch)."""
+    import keras
+    from omegaconf import OmegaConf
+
+    from distlab import Task
+    from distlab.components import tasks
+    from distlab.errors import DistlabError
+    from distlab.registry import TASKS
+
+    def masked(cfg, reduction="sum_over_batch_size"):
+        return Task(loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, ignore_class=-100, reduction=reduction), labels="classes")
+
+    TASKS._items["masked"] = masked
+    try:
+        with pytest.raises(DistlabError, match=re.escape(
+                "task.name='masked': its loss SparseCategoricalCrossentropy reduces each batch "
+                "to one value (reduction='sum_over_batch_size'); a task's loss returns one "
+                "value per example")):
+            tasks.build(OmegaConf.create({"name": "masked"}))
+        TASKS._items["masked"] = lambda cfg: masked(cfg, reduction=None)
+        assert tasks.build(OmegaConf.create({"name": "masked"})).loss.reduction is None
+    finally:
+        del TASKS._items["masked"]
 
 
 def test_label_smoothing_is_keras_crossentropy_with_label_smoothing(tmp_path):

@@ -259,6 +259,11 @@ def build(cfg: DictConfig) -> Task:
         raise DistlabError(f"task.name={cfg.name!r} returned {type(task).__name__}; a task "
                            "builder returns distlab.Task(loss=..., metrics=[...])")
     where = f"task.name={cfg.name!r}"
+    if isinstance(task.loss, keras.losses.Loss) and task.loss.reduction not in (None, "none"):
+        raise DistlabError(
+            f"{where}: its loss {type(task.loss).__name__} reduces each batch to one value "
+            f"(reduction={task.loss.reduction!r}); a task's loss returns one value per "
+            f"example, which distlab averages over the global batch: give it reduction=None")
     task.metrics = [as_metric(m, where) for m in task.metrics]
     names = task.metric_names
     for metric_name in names:

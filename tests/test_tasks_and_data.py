@@ -106,6 +106,10 @@ def user_package(tmp_path, monkeypatch):
             test = tf.data.Dataset.from_tensor_slices(_arrays(50, 1)).batch(8).unbatch()
             return DataSplits(train=_arrays(200, 0), test=test, num_classes=2)
 
+        def fractional_classes(cfg):  # truncated to 2, then "label 2 outside 0..1"
+            x, y = _arrays(20, 0)
+            return DataSplits(train=(x, y), test=(x, y), num_classes=2.5)
+
         def one_class(cfg):  # it trained to loss 0, accuracy 1
             x, y = _arrays(20, 0)
             return DataSplits(train=(x, y * 0), test=(x, y * 0), num_classes=1)
@@ -138,6 +142,8 @@ def test_user_dataset_builder(user_package, run_inprocess, builder):
     ("batched", "dataset.name='user_data:batched': its train dataset is batched (its "
      "pipeline calls batch): return one (input, label) example per element; distlab "
      "batches by dataset.batch_size_per_replica times the replicas"),
+    ("fractional_classes", "dataset.name='user_data:fractional_classes': num_classes=2.5 is "
+     "not a whole number"),
     ("one_class", "dataset.name='user_data:one_class': num_classes=1; classification needs 2 "
      "classes or more"),
     ("infinite", "dataset.name='user_data:infinite': its train dataset is infinite (its "

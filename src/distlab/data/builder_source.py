@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,10 @@ def builder_splits(cfg: DictConfig) -> RawSplits:
         if not label.dtype.is_integer:
             raise DistlabError(f"{key}: num_classes is set but its labels are {label.dtype.name}"
                                "; classification labels are integers (or set num_outputs)")
+        if isinstance(splits.num_classes, bool) or not isinstance(splits.num_classes,
+                                                                   numbers.Integral):
+            raise DistlabError(f"{key}: num_classes={splits.num_classes!r} is not a whole "
+                               "number: give the number of classes (labels 0..num_classes-1)")
         outputs = int(splits.num_classes)
         if outputs < 2:
             raise DistlabError(f"{key}: num_classes={outputs}; classification needs 2 classes "

@@ -41,6 +41,13 @@ def test_a_users_builder_that_raises_is_one_line_naming_the_key_with_its_cause_k
     with pytest.raises(TypeError):  # distlab's own builder's error is distlab's, not wrapped
         reg.build("own", None)
 
+    @reg.register("exits")
+    def build_exits(cfg):
+        raise SystemExit(1)  # it ended a whole sweep
+
+    with pytest.raises(UserCodeError, match=r"^widget.name='exits' called sys.exit\(1\)$"):
+        reg.build("exits", None)
+
 
 def test_duplicate_name_is_an_error_naming_the_first():
     reg = Registry("widget", ("cfg",), {"a": "distlab.components.models:cnn"})

@@ -140,7 +140,7 @@ def test_user_dataset_builder(user_package, run_inprocess, builder):
     ("wrong", "returned dict; a dataset builder returns distlab.DataSplits"),
     ("float_labels_as_classes", "num_classes is set but its labels are float32"),
     ("batched", "dataset.name='user_data:batched': its train dataset is batched (its "
-     "pipeline calls batch): return one (input, label) example per element; distlab "
+     "pipeline batches): return one (input, label) example per element; distlab "
      "batches by dataset.batch_size_per_replica times the replicas"),
     ("fractional_classes", "dataset.name='user_data:fractional_classes': num_classes=2.5 is "
      "not a whole number"),

@@ -91,10 +91,12 @@ class Registry:
             return call(fn, *args, **optional)
         except DistlabError:
             raise
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # (sys.exit in a builder ended a whole sweep)
             if self.is_builtin(name):
                 raise
-            raise UserCodeError(f"{self.group}.name={name!r} failed: {described(e)}") from e
+            what = (f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else
+                    f"failed: {described(e)}")
+            raise UserCodeError(f"{self.group}.name={name!r} {what}") from e
 
     def check(self, name: str) -> None:
         """Raise if `name` cannot be resolved; registered names are not imported (distlab's

@@ -140,7 +140,7 @@ def _as_dataset(split: Any, key: str, which: str) -> tf.data.Dataset:
                                f"not {spec}")
         if _batched(split):
             raise DistlabError(
-                f"{key}: its {which} dataset is batched (its pipeline calls batch): return "
+                f"{key}: its {which} dataset is batched (its pipeline batches): return "
                 "one (input, label) example per element; distlab batches by "
                 "dataset.batch_size_per_replica times the replicas")
         if split.cardinality() == tf.data.INFINITE_CARDINALITY:

@@ -389,14 +389,15 @@ def test_ckpt_path_in_a_training_run_is_refused_not_ignored():
     validate(compose_once(["ckpt_path=/runs/a", "mode=evaluate"]))
 
 
-@pytest.mark.parametrize("key", ["dataset.data_dir", "dataset.cache_dir"])
 @pytest.mark.parametrize("value", ["''", "' '"])
-def test_an_empty_data_or_cache_dir_is_refused_not_taken_as_the_current_one(key, value):
+def test_an_empty_data_dir_is_refused_not_taken_as_the_current_one(value):
+    key = "dataset.data_dir"
     with pytest.raises(ConfigError, match=rf"^{key} is empty, which would be the current "
                                           rf"directory: give a directory, or null for the "
                                           rf"default \({key}=null\)$"):
         validate(compose_once([f"{key}={value}"]))
     validate(compose_once([f"{key}=null"]))  # the default
+    validate(compose_once([f"dataset.cache_dir={value}"]))  # $DISTLAB_CACHE_DIR or ~/.cache
 
 
 @pytest.mark.parametrize("hook, hydra, says", [
@@ -408,6 +409,10 @@ def test_an_empty_data_or_cache_dir_is_refused_not_taken_as_the_current_one(key,
      "hydra.sweep.subdir is empty, so every job would write into the sweep dir itself"),
     ("on_multirun_start", {"sweep": {"dir": "/s", "subdir": "${hydra.job.num}"},
                            "sweeper": {"params": {"objective": "val_accuracy,val_loss"}}},
+     "objective=val_accuracy,val_loss sweeps the objective"),
+    # a multirun by its YAML's hydra.mode (hparams_search=optuna): no -m on the command line
+    ("on_multirun_start", {"sweep": {"dir": "/s", "subdir": "${hydra.job.num}"},
+                           "overrides": {"task": ["objective=val_accuracy,val_loss"]}},
      "objective=val_accuracy,val_loss sweeps the objective"),
 ])
 def test_output_dirs_and_sweep_settings_from_a_yaml_are_refused_before_hydra_makes_them(

@@ -157,9 +157,9 @@ def test_class_labels_outside_the_classes_are_named_with_their_split():
         _load(lambda cfg: DataSplits(train=(x, y), test=(head, np.full(8, 2)), num_classes=2))
 
 
-def test_a_label_the_loss_ignores_or_a_task_that_takes_any_labels_passes_the_range_check():
-    """A user task whose loss masks a label (Keras' `ignore_class=-100`) or that declares
-    `labels="any"` was refused by the class-range check."""
+def test_a_label_the_loss_ignores_passes_the_range_check():
+    """A user task whose loss masks a label (Keras' `ignore_class=-100`) was refused by the
+    class-range check."""
     x, y = _columns(40, 0)
     masked = np.where(np.arange(40) % 5 == 0, -100, y)
 
@@ -167,7 +167,6 @@ def test_a_label_the_loss_ignores_or_a_task_that_takes_any_labels_passes_the_ran
         return DataSplits(train=(x, masked), test=(x, y), num_classes=2)
 
     assert _load(builder, ignored_label=-100).num_train == 40
-    assert _load(builder, task_labels="any").num_train == 40
     with pytest.raises(DistlabError, match=re.escape("its train split has the class label "
                                                      "-100, outside 0..1")):
         _load(builder, ignored_label=-1)

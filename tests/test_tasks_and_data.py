@@ -102,9 +102,11 @@ def user_package(tmp_path, monkeypatch):
             train = tf.data.Dataset.from_tensor_slices(_arrays(200, 0)).repeat()
             return DataSplits(train=train, test=_arrays(50, 1), num_classes=2)
 
-        def batched_then_unbatched(cfg):  # examples again
+        def batched_then_unbatched(cfg):  # examples again (unbatch, or flat_map's idiom)
             test = tf.data.Dataset.from_tensor_slices(_arrays(50, 1)).batch(8).unbatch()
-            return DataSplits(train=_arrays(200, 0), test=test, num_classes=2)
+            train = tf.data.Dataset.from_tensor_slices(_arrays(200, 0)).batch(8).flat_map(
+                lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)))
+            return DataSplits(train=train, test=test, num_classes=2)
 
         def fractional_classes(cfg):  # truncated to 2, then "label 2 outside 0..1"
             x, y = _arrays(20, 0)
@@ -160,7 +162,8 @@ def test_a_builders_dataset_batched_then_unbatched_gives_examples(user_package):
     from distlab.data.builder_source import builder_splits
 
     cfg = compose_once(["dataset.name=user_data:batched_then_unbatched"]).dataset
-    assert builder_splits(cfg).test.element_spec[1].shape == ()
+    splits = builder_splits(cfg)
+    assert splits.test.element_spec[1].shape == () == splits.train.element_spec[1].shape
 
 
 def test_augmentation_is_refused_for_non_images(user_package, run_inprocess, tmp_path):

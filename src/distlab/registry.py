@@ -92,7 +92,9 @@ class Registry:
         except DistlabError:
             raise
         except (Exception, SystemExit) as e:  # (sys.exit in a builder ended a whole sweep)
-            if self.is_builtin(name):
+            # TensorFlow's own errors (a peer lost while the model's variables broadcast)
+            # keep their handling
+            if self.is_builtin(name) or type(e).__module__.startswith("tensorflow"):
                 raise
             what = (f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else
                     f"failed: {described(e)}")

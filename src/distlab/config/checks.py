@@ -136,11 +136,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"dataset.data_dir={data_dir} has one of [ ] * ? in its path, which "
                           "tfds reads as a file pattern when it looks for the prepared "
                           "dataset: choose (or link) a path without them")
-    for key in ("dataset.cache_dir", "dataset.data_dir"):
-        path = OmegaConf.select(cfg, key, default=None)
-        if path is not None and not str(path).strip():
-            raise ConfigError(f"{key} is empty, which would be the current directory: give a "
-                              f"directory, or null for the default ({key}=null)")
+    data_dir = OmegaConf.select(cfg, "dataset.data_dir", default=None)
+    if data_dir is not None and not str(data_dir).strip():
+        raise ConfigError("dataset.data_dir is empty, which would be the current directory: "
+                          "give a directory, or null for the default (dataset.data_dir=null)")
     # a user dataset's node gets its registered schema (and these defaults) after this check
     validation = OmegaConf.select(cfg, "dataset.validation", default="auto")
     test_split = OmegaConf.select(cfg, "dataset.test_split", default="test")

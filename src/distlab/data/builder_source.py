@@ -166,8 +166,8 @@ def _batched(dataset: tf.data.Dataset) -> bool:
     chain of transformations (each one's `_input_dataset`) shows; an unbatch undoes it."""
     for _ in range(1000):  # a chain this long is not a user's pipeline
         name = type(dataset).__name__
-        if "Unbatch" in name:
-            return False
+        if "Unbatch" in name or "FlatMap" in name or "Interleave" in name:
+            return False  # (the elements a flat_map or interleave makes are its function's)
         if "Batch" in name:
             return True
         dataset = getattr(dataset, "_input_dataset", None)

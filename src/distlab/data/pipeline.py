@@ -41,16 +41,15 @@ def source_for(name: str) -> DataSource:
 
 
 def load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None,
-         task_labels: str = "classes", ignored_label: int | None = None) -> Data:
+         ignored_label: int | None = None) -> Data:
     """Load `cfg` (the dataset node) for `num_replicas` replicas. A builder's class labels
-    must lie in 0..num_classes-1 unless the task takes any labels (`task_labels`, a `Task`'s
-    `labels`), `ignored_label` (its loss's `ignore_class`) aside."""
+    must lie in 0..num_classes-1, `ignored_label` (the task's loss's `ignore_class`) aside."""
     with data_cache.one_run():  # one disk cache for the run's readers: one warning at most
-        return _load(cfg, num_replicas, seed, steps_per_epoch, task_labels, ignored_label)
+        return _load(cfg, num_replicas, seed, steps_per_epoch, ignored_label)
 
 
 def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | None,
-          task_labels: str, ignored_label: int | None) -> Data:
+          ignored_label: int | None) -> Data:
     origin = source_for(cfg.name)
     splits = dataclasses.replace(origin.splits(cfg), origin=origin)
     raw_train, raw_test = splits.train, splits.test
@@ -90,7 +89,7 @@ def _load(cfg: DictConfig, num_replicas: int, seed: int, steps_per_epoch: int | 
              _role("test", cfg.test_split): test}
     # one pass each, which fills the memory cache: the first epoch's
     finite.check_splits(roles, input_names(raw_input), raw_input, f"dataset.name={cfg.name!r}")
-    if splits.classes and isinstance(origin, BuilderSource) and task_labels != "any":
+    if splits.classes and isinstance(origin, BuilderSource):
         check_class_range(roles, splits.outputs, f"dataset.name={cfg.name!r}", ignored_label)
     steps = steps_per_epoch or math.ceil(num_train / gb)
     return Data(

@@ -249,15 +249,16 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None,
         message = error_message(e) if user_error else f"{type(e).__name__}: {e}"
         if isinstance(e, UserCodeError) and e.__cause__ is not None:  # the user's traceback
             logged = _traceback_to_log_file(e.__cause__)
-            log.error(message + (" (traceback in run.log)" if logged else ""))
+            log.error(message + (f" (traceback in {logged})" if logged else ""))
         elif user_error:
             log.error(message)
         else:
             logged = _traceback_to_log_file(e)
-            log.error(described(e) + (" (traceback in run.log)" if logged else ""))
+            log.error(described(e) + (f" (traceback in {logged})" if logged else ""))
         failed = failed_results(cfg, message, origin or started)
         if getattr(e, "results", None):  # the figures measured before a late stage failed
-            failed = assemble({**e.results, **failed})
+            failed = assemble({**failed, **e.results, **{k: failed[k] for k in (
+                "status", "error", "wall_time_s")}})
         outcome = failed
         run_dir.record_failure(failed)
         status = (LOST_WORKER if isinstance(e, LostWorker) else
@@ -321,13 +322,14 @@ def process_started() -> float:
         return _IMPORTED
 
 
-def _traceback_to_log_file(error: BaseException) -> bool:
-    """The full traceback goes to run.log only (the console gets one line); whether a log
-    file took it (none yet when the job failed before its log file was opened)."""
+def _traceback_to_log_file(error: BaseException) -> str | None:
+    """The full traceback goes to the job's log file only (run.log; the console gets one
+    line); the file's name, or None when there is none yet (the job failed before it was
+    opened)."""
     text = "".join(traceback.format_exception(error))
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, text, None, None)
     files = [h for h in (*logging.getLogger().handlers, *log.handlers)
-             if isinstance(h, logging.FileHandler) and Path(h.baseFilename).name == "run.log"]
+             if isinstance(h, logging.FileHandler) and h.baseFilename != os.devnull]
     for handler in files:
         handler.handle(record)
-    return bool(files)
+    return Path(files[0].baseFilename).name if files else None

@@ -18,7 +18,8 @@ from distlab.records.run_dir import refused_output_dir
 class CheckedOutputDir(Callback):
     """Refuse, before Hydra creates it, an empty output dir or one with `[ ] * ?`; in a
     sweep also an empty `hydra.sweep.subdir` (every job in one dir) and a sweep over
-    `objective` in `hydra.sweeper.params`."""
+    `objective` (in `hydra.sweeper.params` or the overrides: a multirun a YAML's
+    `hydra.mode` makes, such as hparams_search=optuna's, has no `-m` to check)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _refuse(_dir_problem(config, "hydra.run.dir"))
@@ -30,7 +31,8 @@ class CheckedOutputDir(Callback):
             _refuse("hydra.sweep.subdir is empty, so every job would write into the sweep "
                     "dir itself: give each job a folder (the default ${hydra.job.num})")
         params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-        _refuse(swept_objective([f"{k}={v}" for k, v in params.items()]))
+        task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+        _refuse(swept_objective([*(f"{k}={v}" for k, v in params.items()), *map(str, task)]))
 
 
 def _dir_problem(config: DictConfig, key: str) -> str | None:

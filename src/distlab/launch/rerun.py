@@ -38,7 +38,7 @@ def stages_missing(previous: dict[str, Any] | None, cfg: DictConfig,
     if (cfg.trainer.best_checkpoint.test and previous.get("best_test_loss") is None
             and any(run_dir.best_checkpoints.glob("ckpt-*.index"))):
         missing.append("the test of its best checkpoint")
-    return " or ".join(missing) or None
+    return " and ".join(missing) or None
 
 
 def rerun_refusal(run_dir: RunDir, config: dict[str, Any], mode: str = "train",

@@ -66,9 +66,10 @@ class Checkpoints:
                 f"loop.name={exp.cfg.loop.name!r}: its state() cannot be checkpointed "
                 f"({first_line(e)}); state() returns {{name: tf.Variable or another trackable "
                 "object}}") from None
-        self.manager = _manager(self.checkpoint, exp.run_dir.checkpoints,
-                                exp.cfg.trainer.max_checkpoints)
-        self.best = (_manager(self.checkpoint, exp.run_dir.best_checkpoints, 1)
+        # _set_aside: its state file TensorFlow refused, set aside now
+        self.manager, self._set_aside = _manager(self.checkpoint, exp.run_dir.checkpoints,
+                                                 exp.cfg.trainer.max_checkpoints)
+        self.best = (_manager(self.checkpoint, exp.run_dir.best_checkpoints, 1)[0]
                      if exp.monitors.best else None)
 
     @property
@@ -156,8 +157,7 @@ class Checkpoints:
             return listed  # (a listed prefix without files: restoring it says so)
         state = directory / "checkpoint"
         why = (f"names {listed}, whose files are gone" if listed else
-               "is unreadable" if state.exists() or state.with_name(UNREADABLE).exists()
-               else "is missing")
+               "is unreadable" if state.exists() or self._set_aside else "is missing")
         log.warning("%s (TensorFlow's list of checkpoints) %s: resuming from the newest "
                     "checkpoint on disk, %s", state, why, on_disk[-1])
         _list_in(self.manager, on_disk)
@@ -198,16 +198,18 @@ class Checkpoints:
         models.refresh_adapted(exp.model)  # adapted layers use the restored statistics
         return prefix
 
-    def restore_best(self, prefix: str) -> None:
-        """checkpoints/best's model, for its test (trainer.best_checkpoint.test); why not,
-        in one line saying what to do (an evaluation's advice names ckpt_path)."""
-        why = "its files are gone" if not _has_files(prefix) else None
+    def restore_best(self, prefix: str | None) -> None:
+        """checkpoints/best's model (`prefix`: the chief's; None on other workers), for its
+        test (trainer.best_checkpoint.test); why not, in one line saying what to do (an
+        evaluation's advice names ckpt_path)."""
+        chief = self.exp.worker.is_chief
+        why = "its files are gone" if chief and not (prefix and _has_files(prefix)) else None
         if why is None:
             try:
                 self.restore_model(prefix)
                 return
-            except DistlabError as e:
-                why = str(e).partition(": ")[2].partition(". ")[0]
+            except DistlabError as e:  # its reason, without an evaluation's advice
+                why = re.split(r"\. (?:Point|Move|Use) ", str(e).partition(": ")[2])[0]
         raise DistlabError(
             f"trainer.best_checkpoint.test=true cannot test {prefix}: {why}. Put its files "
             "back, or rerun with trainer.best_checkpoint.test=false to complete the run "
@@ -282,16 +284,22 @@ UNREADABLE = "checkpoint.unreadable"  # a state file TensorFlow refused, kept as
 
 
 def _manager(checkpoint: tf.train.Checkpoint, directory: Path,
-             max_to_keep: int) -> tf.train.CheckpointManager:
-    """TensorFlow's manager of `directory`. A state file it refuses (an empty one, left by a
-    crash or a full disk: "Invalid checkpoint state") is moved aside to checkpoint.unreadable
-    (kept), and the resume then takes the newest checkpoint on disk."""
+             max_to_keep: int) -> tuple[tf.train.CheckpointManager, bool]:
+    """TensorFlow's manager of `directory`, and whether its state file was set aside: one
+    TensorFlow refuses (an empty one, left by a crash or a full disk: "Invalid checkpoint
+    state") is moved to checkpoint.unreadable (kept), and the resume then takes the newest
+    checkpoint on disk."""
+    def manager() -> tf.train.CheckpointManager:
+        return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
+
     try:
-        return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
-    except ValueError:
+        return manager(), False
+    except ValueError as e:
         state = directory / "checkpoint"
+        if "Invalid checkpoint state" not in str(e) or not state.exists():
+            raise
         state.replace(state.with_name(UNREADABLE))
-        return tf.train.CheckpointManager(checkpoint, str(directory), max_to_keep=max_to_keep)
+        return manager(), True
 
 
 def _has_files(prefix: str) -> bool:

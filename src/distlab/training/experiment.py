@@ -64,8 +64,7 @@ def build(cfg: DictConfig, run_dir: RunDir, strategy: tf.distribute.Strategy, wo
     """The experiment `cfg` describes, under `strategy` (its variables in its scope)."""
     task = tasks.build(cfg.task)  # first: a task or metric mistake before the data loads
     data = pipeline.load(cfg.dataset, strategy.num_replicas_in_sync, cfg.seed,
-                         cfg.trainer.steps_per_epoch, task.labels,
-                         getattr(task.loss, "ignore_class", None))
+                         cfg.trainer.steps_per_epoch, getattr(task.loss, "ignore_class", None))
     if cfg.mode == "train" and worker.is_chief:  # what an evaluation of it must score on
         fingerprint.record(run_dir.splits_json, fingerprint.of_splits(cfg.dataset, data.splits))
     tasks.check_labels(task, cfg.task.name, data.name, data.classes, data.outputs,

@@ -221,11 +221,12 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
             stop.begin(EXPORT)
             done.update(export_and_check(exp))
         done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
-        if exp.cfg.trainer.best_checkpoint.test and done.get("best_checkpoint"):
+        # best_epoch: the monitors' state, every worker's (best_checkpoint: the chief's)
+        if exp.cfg.trainer.best_checkpoint.test and done.get("best_epoch"):
             # last: it replaces the final model's weights with the best epoch's
             stop.begin(BEST_TEST)
             trained = checkpoints.position
-            checkpoints.restore_best(done["best_checkpoint"])
+            checkpoints.restore_best(done.get("best_checkpoint"))
             best = _prefixed("best_test", loop.evaluate("test"))
             done.update(best)
             log.info("checkpoints/best (epoch %d): %s", done["best_epoch"], _figures(best))

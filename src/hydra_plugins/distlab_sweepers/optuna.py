@@ -36,7 +36,6 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from distlab.launch.sweep_signals import BASIC_LAUNCHER
 from hydra_plugins.distlab_sweepers.search_space import described, probes, search_space
 from hydra_plugins.distlab_sweepers.sweep_records import claim_sweep_dir, record_arguments
 from hydra_plugins.distlab_sweepers.trial_jobs import job_status, job_value
@@ -232,7 +231,7 @@ class DistlabOptunaSweeper(Sweeper):
                      self._finished, len(self._pending), self._planned)
         workers = self.n_jobs
         target = str(OmegaConf.select(self._config, "hydra.launcher._target_", default=""))
-        if workers > 1 and target == BASIC_LAUNCHER:
+        if workers > 1 and target == sweep_signals.BASIC_LAUNCHER:
             log.warning("hydra.sweeper.n_jobs=%d with the basic launcher, which runs jobs "
                         "in this process: trials run one at a time (choose hydra/launcher="
                         "joblib or submitit_local to run them at once)", workers)

@@ -75,6 +75,11 @@ class Raises(keras.callbacks.Callback):
         raise ValueError("no notification service configured")
 
 
+class Exits(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        raise SystemExit(4)  # it ended a whole sweep
+
+
 @distlab.register("callback", "recorder")  # callbacks.<key>.name=recorder
 def recorder(cfg) -> Recorder:
     return Recorder(**cfg)

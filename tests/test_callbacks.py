@@ -119,6 +119,8 @@ def test_a_callback_that_stops_training(loop, stop_step, run_inprocess, tmp_path
      "NotACallback built a NotACallback, not a keras.callbacks.Callback"),
     ("_target_=callback_recorder.Raises", "callbacks.bad._target_=callback_recorder.Raises "
      "could not be built: ValueError: no notification service configured"),
+    ("_target_=callback_recorder.Exits", "callbacks.bad._target_=callback_recorder.Exits "
+     "could not be built: SystemExit: 4"),
     ("name=nope", "unknown callbacks.bad.name='nope'"),
     ("name=odd", "callbacks.bad.name=odd built a NoneType, not a keras.callbacks.Callback"),
     # Keras callbacks that fight distlab's own resume, learning rate or progress bar

@@ -153,6 +153,7 @@ def test_imports_register_names_and_schemas(project):
 @pytest.mark.parametrize("source, match", [
     ("raise ValueError('boom')", r"imports\[0\]='user_bad' raised ValueError: boom"),
     ("import no_such_dependency", r"imports\[0\]='user_bad' raised ModuleNotFoundError"),
+    ("import sys\nsys.exit(3)", r"imports\[0\]='user_bad' raised SystemExit: 3"),  # (a sweep)
     ("import distlab\ndistlab.register('model', 'cnn', lambda c, s, o: 1)",
      r"imports\[0\]='user_bad': model 'cnn' is already registered \(by distlab\)"),
     ("import distlab\ndistlab.register('model', 'plain_net', lambda c: 1)",

@@ -96,7 +96,7 @@ def import_modules(modules: list[str]) -> None:
                     "(run from the directory that holds it, or pip install its package)"
                 ) from None
             raise ConfigError(f"imports[{i}]={module!r} raised {described(e)}") from None
-        except Exception as e:  # noqa: BLE001 - user code, reported on one line
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - user code, reported on one line
             raise UserCodeError(f"imports[{i}]={module!r} raised {described(e)}") from e
 
 

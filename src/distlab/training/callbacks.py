@@ -157,8 +157,8 @@ class Callbacks:
                 getattr(group, hook)(*args)
             except DistlabError:
                 raise
-            except Exception as e:  # noqa: BLE001 - user code, reported on one line
-                name = type(group.callbacks[0]).__name__
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - user code, one line (a
+                name = type(group.callbacks[0]).__name__  # sys.exit would end a whole sweep)
                 raise UserCodeError(f"{key} ({name}.{hook}) raised {described(e)}") from e
 
 
@@ -186,7 +186,7 @@ def _build(key: str, node: Any, is_chief: bool) -> keras.callbacks.Callback | No
         callback = make()
     except DistlabError as e:
         raise ConfigError(f"{what}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - user code, reported on one line
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - user code, reported on one line
         raise UserCodeError(f"{what} could not be built: {described(e)}") from e
     if not isinstance(callback, keras.callbacks.Callback):
         raise ConfigError(f"{what} built a {type(callback).__name__}, not a "

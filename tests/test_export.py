@@ -91,10 +91,12 @@ def test_a_completed_run_rerun_with_the_best_checkpoint_test_tests_it(tmp_path, 
 
     run_dir = tmp_path / "run"
     common = ("trainer.epochs=2", "trainer.steps_per_epoch=2", "model=mlp",
-              "model.hidden_units=[8]", "trainer.best_checkpoint.metric=val_loss")
+              "model.hidden_units=[8]", "trainer.best_checkpoint.metric=val_loss",
+              "trainer.export=true")
     first = run_inprocess(*common, out=run_dir)
     history = RunDir(run_dir).read_history()
     assert first["status"] == "completed" and first.get("best_test_loss") is None
+    exported = (run_dir / "saved_model" / "saved_model.pb").stat().st_mtime_ns
     caplog.set_level(logging.INFO, logger="distlab")
     tested = run_inprocess(*common, "trainer.best_checkpoint.test=true", out=run_dir)
     assert "completed without the test of its best checkpoint: its stages after training " \
@@ -102,6 +104,10 @@ def test_a_completed_run_rerun_with_the_best_checkpoint_test_tests_it(tmp_path, 
     assert tested["best_test_loss"] is not None and tested["epochs_completed"] == 2
     assert tested["test_loss"] == pytest.approx(first["test_loss"], rel=1e-6)
     assert RunDir(run_dir).read_history() == history  # no epoch trained again
+    # the model exported already: kept, not exported again
+    assert (run_dir / "saved_model" / "saved_model.pb").stat().st_mtime_ns == exported
+    assert (tested["saved_model"], tested["export_max_abs_diff"]) == (
+        "saved_model", first["export_max_abs_diff"])
     caplog.clear()
     assert run_inprocess(*common, "trainer.best_checkpoint.test=true",
                          out=run_dir) == tested

@@ -217,9 +217,11 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
         done.update(_throughput(exp, controller))
         stop.begin(FINAL_EVALUATION)
         done.update(_final_figures(loop))
-        if exp.cfg.trainer.export:
+        if exp.cfg.trainer.export and not (kept := _kept_export(exp, controller)):
             stop.begin(EXPORT)
             done.update(export_and_check(exp))
+        elif exp.cfg.trainer.export:  # a rerun completing another stage: the export stays
+            done.update(kept)
         done.update(exp.monitors.results(exp.origin, checkpoints.best_latest))
         # best_epoch: the monitors' state, every worker's (best_checkpoint: the chief's)
         if exp.cfg.trainer.best_checkpoint.test and done.get("best_epoch"):
@@ -244,6 +246,18 @@ def _train(exp: Experiment, loop: Loop, checkpoints: Checkpoints,
         raise
     return _results(exp, (trained or checkpoints.position)[0], **done, **_pruned(exp, controller),
                     checkpoint=checkpoints.latest)
+
+
+def _kept_export(exp: Experiment, controller: Controller) -> dict[str, Any]:
+    """A completed run's export fields, when this rerun trained nothing and its saved_model/
+    is there (a rerun completing the best checkpoint's test: the same model, exported
+    already); else {}."""
+    if controller.first_step_at is not None or not (exp.run_dir.path / "saved_model").is_dir():
+        return {}
+    previous = exp.run_dir.read_results() or {}
+    if previous.get("status") != "completed" or not previous.get("saved_model"):
+        return {}
+    return {k: previous[k] for k in ("saved_model", "export_max_abs_diff") if k in previous}
 
 
 def _pruned(exp: Experiment, controller: Controller) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from omegaconf import DictConfig  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from distlab.config import register_configs  # noqa: E402
-from distlab.config.checks import composition_problem, swept_objective  # noqa: E402
+from distlab.config.checks import composition_problem  # noqa: E402
 from distlab.config.store import PACKAGE_CONFIG_PATH, config_dir_problem  # noqa: E402
 from distlab.errors import DistlabError  # noqa: E402
 from distlab.records.run_dir import (  # noqa: E402
@@ -164,10 +164,6 @@ def main(config_path: str = PACKAGE_CONFIG_PATH) -> None:
         sys.exit(2)
     if problem := check_output_dir_args(sys.argv[1:]):
         sys.exit(f"error: {problem}")
-    if {"-m", "--multirun"} & set(sys.argv[1:]) and (
-            problem := swept_objective([a for a in sys.argv[1:] if not a.startswith("-")])):
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
     app = hydra.main(version_base="1.3", config_path=config_path, config_name="config")(hydra_job)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":  # the user asked for Hydra's traceback
         return app()

@@ -82,10 +82,10 @@ class Registry:
         self._check_signature(fn, key)
         return fn
 
-    def build(self, name: str, *args: Any, **optional: Any) -> Any:
+    def build(self, name: str, *args: Any, key: str | None = None, **optional: Any) -> Any:
         """`name`'s builder called with `args` (and those of `optional` it declares, as
-        `call`); an error from a builder of the user's is one line naming the key, its
-        traceback kept as the cause."""
+        `call`); an error from a builder of the user's is one line naming the key (`key`,
+        default `<group>.name='<name>'`), its traceback kept as the cause."""
         fn = self.get(name)
         try:
             return call(fn, *args, **optional)
@@ -98,7 +98,7 @@ class Registry:
                 raise
             what = (f"called sys.exit({e.code!r})" if isinstance(e, SystemExit) else
                     f"failed: {described(e)}")
-            raise UserCodeError(f"{self.group}.name={name!r} {what}") from e
+            raise UserCodeError(f"{key or f'{self.group}.name={name!r}'} {what}") from e
 
     def check(self, name: str) -> None:
         """Raise if `name` cannot be resolved; registered names are not imported (distlab's

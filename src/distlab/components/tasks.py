@@ -22,7 +22,7 @@ import tensorflow as tf
 from omegaconf import DictConfig
 from tensorflow.autograph.experimental import do_not_convert
 
-from distlab.errors import DistlabError, UserCodeError
+from distlab.errors import DistlabError
 
 PerExample = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (y_true, y_pred) -> [batch]
 Prepare = Callable[[tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
@@ -113,14 +113,7 @@ def configured_metrics(cfg: DictConfig, task: Task) -> list[Metric]:
     metrics = []
     for i, name in enumerate(cfg.get("metrics") or []):
         where = f"task.metrics[{i}]={name!r}"
-        try:
-            built = METRICS.get(name)(cfg, task)
-        except DistlabError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a user's builder: one line naming the key
-            from distlab.errors import described
-
-            raise UserCodeError(f"{where} failed: {described(e)}") from e
+        built = METRICS.build(name, cfg, task, key=where)
         metric = as_metric(built, where)
         if not is_import_path(name):
             metric.name = name

@@ -136,7 +136,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"dataset.data_dir={data_dir} has one of [ ] * ? in its path, which "
                           "tfds reads as a file pattern when it looks for the prepared "
                           "dataset: choose (or link) a path without them")
-    data_dir = OmegaConf.select(cfg, "dataset.data_dir", default=None)
     if data_dir is not None and not str(data_dir).strip():
         raise ConfigError("dataset.data_dir is empty, which would be the current directory: "
                           "give a directory, or null for the default (dataset.data_dir=null)")

@@ -16,6 +16,7 @@ from pathlib import Path
 import composition
 import processes
 import pytest
+import tiers
 import xdist_groups
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,13 +104,57 @@ def pytest_configure_node(node):
     node.workerinput["distlab_loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--exhaustive", action="store_true",
+        help="also run the tests marked exhaustive (the rest of each matrix; CI runs them "
+             "after the suite); `-m exhaustive` runs only those")
+
+
+def runs_exhaustive(config) -> bool:
+    """Whether this session runs the tests of the exhaustive tier: `--exhaustive`, or a `-m`
+    expression that names the marker."""
+    return config.getoption("exhaustive") or "exhaustive" in (config.getoption("markexpr") or "")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, the longest tests first, so that the last ones to finish are short: the
-    multi-process tests, then the other slow ones, then the fast tier (a stable sort: file
-    order within each)."""
+    """The exhaustive tier (tests/tiers.py) marked `exhaustive`, and left out unless asked
+    for (`runs_exhaustive`). Under xdist, the longest tests first, so that the last ones to
+    finish are short: the multi-process tests, then the other slow ones, then the fast tier
+    (a stable sort: file order within each)."""
+    _mark_tiers(config, items)
+    if not runs_exhaustive(config):
+        left = [item for item in items if item.get_closest_marker("exhaustive")]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [item for item in items if not item.get_closest_marker("exhaustive")]
     if hasattr(config, "workerinput"):  # an xdist worker: its order is the one handed out
         items.sort(key=lambda item: 0 if item.get_closest_marker("multiprocess")
                    else 1 if item.get_closest_marker("slow") else 2)
+
+
+def _mark_tiers(config, items) -> None:
+    """Mark the tests tests/tiers.py gives the exhaustive tier; a name or variant there that
+    no collected test has fails the session (when whole files were collected)."""
+    seen: dict[str, set[str | None]] = {}
+    for item in items:
+        key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        variant = item.callspec.id if hasattr(item, "callspec") else None
+        seen.setdefault(key, set()).add(variant)
+        if tiers.exhaustive(key, variant):
+            item.add_marker(pytest.mark.exhaustive)
+    if any("::" in str(arg) for arg in config.args):
+        return  # single tests asked for: tiers.py's other names are not collected
+    files = {key.split("::")[0] for key in seen}
+    for key in [*tiers.EXHAUSTIVE_TESTS, *tiers.SUITE_VARIANTS]:
+        if key.split("::")[0] in files and key not in seen:
+            raise pytest.UsageError(f"tests/tiers.py names {key}, which no test is")
+    for key, kept in tiers.SUITE_VARIANTS.items():
+        for pattern in kept:
+            if key in seen and not any(v and tiers.matches(v, pattern) for v in seen[key]):
+                raise pytest.UsageError(f"tests/tiers.py keeps {key}[{pattern}] in the "
+                                        "suite, but it has no such variant")
 
 
 def pytest_collection_finish(session):

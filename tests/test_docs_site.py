@@ -116,7 +116,7 @@ def test_the_readmes_links_resolve():
 def test_the_readme_shows_the_setup_commands_ci_runs():
     """.ci/run runs the lines marked `# README: <what>` as README.md's set-up shows them (pip
     made quiet, `-q`; the test command as its fast tier, then its slow tier), and the site's
-    getting-started page shows the same."""
+    getting-started page shows the same; then the exhaustive tier."""
     from readme_snippets import blocks
 
     marked = re.findall(r"^(.+?)\s+# README: \w+", (ROOT / ".ci" / "run").read_text(), re.M)
@@ -128,4 +128,8 @@ def test_the_readme_shows_the_setup_commands_ci_runs():
     assert len(shown) == 2
     for doc in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
         assert any(b.text.splitlines() == shown for b in blocks(doc)), doc
-    assert "mkdocs" in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "mkdocs" in ci
+    # and the exhaustive tier (tests/tiers.py) after the suite
+    runs = re.findall(r"^python -m pytest .*$", ci, re.M)
+    assert runs[-1] == "python -m pytest -q -n 2 -m exhaustive", runs

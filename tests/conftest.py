@@ -112,9 +112,10 @@ def pytest_addoption(parser):
 
 
 def runs_exhaustive(config) -> bool:
-    """Whether this session runs the tests of the exhaustive tier: `--exhaustive`, or a `-m`
-    expression that names the marker."""
-    return config.getoption("exhaustive") or "exhaustive" in (config.getoption("markexpr") or "")
+    """Whether this session runs the tests of the exhaustive tier: `--exhaustive`, a `-m`
+    expression that names the marker, or tests asked for by id (`file.py::test`)."""
+    return (config.getoption("exhaustive") or "exhaustive" in (config.getoption("markexpr") or "")
+            or any("::" in str(arg) for arg in config.args))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers
@@ -135,8 +136,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _mark_tiers(config, items) -> None:
-    """Mark the tests tests/tiers.py gives the exhaustive tier; a name or variant there that
-    no collected test has fails the session (when whole files were collected)."""
+    """Mark the tests tests/tiers.py gives the exhaustive tier. A name or variant pattern there
+    that no collected test has, or a function left with no variant in the suite, fails the
+    session (when whole files were collected)."""
     seen: dict[str, set[str | None]] = {}
     for item in items:
         key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
@@ -144,17 +146,23 @@ def _mark_tiers(config, items) -> None:
         seen.setdefault(key, set()).add(variant)
         if tiers.exhaustive(key, variant):
             item.add_marker(pytest.mark.exhaustive)
-    if any("::" in str(arg) for arg in config.args):
-        return  # single tests asked for: tiers.py's other names are not collected
+    if any("::" in str(arg) for arg in config.args) or config.getoption("lf", False):
+        return  # tests picked by id or by the last failures: the others are not collected
     files = {key.split("::")[0] for key in seen}
-    for key in [*tiers.EXHAUSTIVE_TESTS, *tiers.SUITE_VARIANTS]:
+    for key in [*tiers.EXHAUSTIVE_TESTS, *tiers.EXHAUSTIVE_VARIANTS]:
         if key.split("::")[0] in files and key not in seen:
             raise pytest.UsageError(f"tests/tiers.py names {key}, which no test is")
-    for key, kept in tiers.SUITE_VARIANTS.items():
-        for pattern in kept:
-            if key in seen and not any(v and tiers.matches(v, pattern) for v in seen[key]):
-                raise pytest.UsageError(f"tests/tiers.py keeps {key}[{pattern}] in the "
-                                        "suite, but it has no such variant")
+    for key, patterns in tiers.EXHAUSTIVE_VARIANTS.items():
+        variants = [v for v in seen.get(key, ()) if v is not None]
+        if key not in seen:
+            continue
+        for pattern in patterns:
+            if not any(tiers.matches(v, pattern) for v in variants):
+                raise pytest.UsageError(f"tests/tiers.py gives {key}[{pattern}] to the "
+                                        "exhaustive tier, but it has no such variant")
+        if all(tiers.exhaustive(key, v) for v in variants):
+            raise pytest.UsageError(f"tests/tiers.py leaves no variant of {key} in the suite: "
+                                    "name the function in EXHAUSTIVE_TESTS instead")
 
 
 def pytest_collection_finish(session):

@@ -18,9 +18,10 @@ they are combined, not crossed: case i takes value i of each choice (cycling), s
 value runs at least once and the runs are as many as the longest choice has values. The
 training options whose code differs per loop (`model.l2`, `optimizer.clipnorm`,
 `trainer.grad_accum_steps`, on 1 and 2 replicas, and `precision=mixed_float16`'s loss
-scaling) run in both loops. The reference reads each key of an option's node through
-`Reads`, and a key it did not read fails the case: a new option or key the oracle cannot
-express fails loudly (the fast test names it without training), naming what to add here.
+scaling) run in both loops (the suite runs a part of the cases: tests/tiers.py). The
+reference reads each key of an option's node through `Reads`, and a key it did not read
+fails the case: a new option or key the oracle cannot express fails loudly (the fast test
+names it without training), naming what to add here.
 Planted faults (regularisation dropped, clipping per replica, a schedule one step late)
 show that the comparison catches what it exists for.
 """

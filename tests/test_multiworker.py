@@ -163,7 +163,7 @@ def test_two_workers_train_like_one_process_and_only_the_chief_writes(loop, tiny
 def test_a_dead_worker_ends_the_run_and_a_restart_resumes_it(tiny_data_dir, tmp_path,
                                                              reference, monkeypatch):
     # keras_fit on workers started by hand (the custom loop's dead worker, with a user's
-    # loop and its checkpoint item: test_worker_launchers.py's killed worker)
+    # loop and its checkpoint item: test_worker_launchers.py's killed worker, exhaustive tier)
     loop = "keras_fit"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT / "tests"), str(ROOT / "src")]))
     args = (*fast_overrides(tiny_data_dir), *RUN, f"loop={loop}")

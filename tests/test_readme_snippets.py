@@ -53,7 +53,7 @@ SKIPPED_COMMANDS = {
     "strategy.workers=2": "the command starts worker processes or Ray actors of its own "
                           "(tests/test_worker_launchers.py runs both)",
     "hydra/launcher=ray": "starts a Ray instance (tests/test_worker_launchers.py runs a sweep "
-                          "on the Ray launcher)",
+                          "on the Ray launcher, in the exhaustive tier)",
 }
 NOT_DISTLAB = {  # other programs a README shows, and why a test does not run them
     "pip": "installs packages (CI installs the checkout; tests/test_package.py the wheel)",

@@ -40,7 +40,7 @@ def test_cli_run_writes_the_whole_run_dir_and_restores_without_a_strategy(
         tiny_data_dir, tmp_path, run_inprocess):
     """`python run.py` (keras_fit, 2 replicas, exported): its exit status and output, the whole
     run dir; restored in this process without a strategy, to the same figures. (The custom
-    loop's whole run dir: the seed sweep below, also a command.)"""
+    loop's whole run dir: the seed sweep below, also a command, in the exhaustive tier.)"""
     train_dir, eval_dir = tmp_path / "train", tmp_path / "eval"
     out = run_cli(*fast_overrides(tiny_data_dir), "loop=keras_fit", "strategy.cpu_devices=2",
                   "trainer.export=true", f"hydra.run.dir={train_dir}")

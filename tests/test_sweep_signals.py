@@ -125,7 +125,8 @@ def _one_line(output: str, text: str) -> str:
 
 @pytest.mark.parametrize("launcher,signum", [("submitit_local", signal.SIGINT),
                                              ("joblib", signal.SIGINT),
-                                             ("joblib", signal.SIGTERM)])
+                                             ("joblib", signal.SIGTERM)],
+                         ids=["submitit_local-SIGINT", "joblib-SIGINT", "joblib-SIGTERM"])
 def test_a_stopped_sweep_checkpoints_every_job_then_its_rerun_resumes_them(
         launcher, signum, tiny_data_dir, tmp_path, mlflow_store):
     """Ctrl-C (SIGINT to every process of the sweep, as a terminal sends it) or SIGTERM to the

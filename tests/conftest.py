@@ -7,6 +7,7 @@ import copy
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,45 +101,67 @@ def pytest_configure(config):
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """xdist's controller, for each worker it starts: whether the tests are handed out by
-    group (pytest_configure)."""
+    group (pytest_configure), and where to leave what it finds about the tiers."""
     node.workerinput["distlab_loadgroup"] = node.config.getoption("dist") == "loadgroup"
+    node.workerinput["distlab_tiers_dir"] = str(_tiers_dir(node.config))
 
 
 def pytest_addoption(parser):
     parser.addoption(
         "--exhaustive", action="store_true",
-        help="also run the tests marked exhaustive (the rest of each matrix; CI runs them "
-             "after the suite); `-m exhaustive` runs only those")
+        help="also run the exhaustive tier (tests/tiers.py: the tests the suite leaves out; "
+             "CI runs them after the suite); `-m exhaustive` runs only those")
 
 
 def runs_exhaustive(config) -> bool:
-    """Whether this session runs the tests of the exhaustive tier: `--exhaustive`, a `-m`
-    expression that names the marker, or tests asked for by id (`file.py::test`)."""
-    return (config.getoption("exhaustive") or "exhaustive" in (config.getoption("markexpr") or "")
-            or any("::" in str(arg) for arg in config.args))
+    """Whether this session runs the whole exhaustive tier: `--exhaustive`, or a `-m`
+    expression that names the marker. (A test of the tier asked for by id, or one that
+    failed last time under --lf, runs either way: `_asked_for`.)"""
+    return config.getoption("exhaustive") or "exhaustive" in (config.getoption("markexpr") or "")
+
+
+_TIERS_DIR = pytest.StashKey[Path]()
+_LEFT_OUT = pytest.StashKey[int]()
+
+
+def _tiers_dir(config) -> Path:
+    """The xdist controller's folder for what its workers find about the tiers."""
+    if _TIERS_DIR not in config.stash:
+        config.stash[_TIERS_DIR] = Path(tempfile.mkdtemp(prefix="distlab-tiers-"))
+    return config.stash[_TIERS_DIR]
+
+
+def _named(config) -> list[tuple[Path, str]]:
+    """The tests the command line asks for by id: (file, the id's part after `file::`)."""
+    named = []
+    for arg in map(str, config.args):
+        if "::" in arg:
+            path, rest = arg.split("::", 1)
+            named.append(((config.invocation_params.dir / path).resolve(), rest))
+    return named
+
+
+def _asked_for(item, named: list[tuple[Path, str]], failed: dict) -> bool:
+    """Whether a test was asked for by id (its function, class or itself), or under --lf
+    failed last time."""
+    rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
+    return item.nodeid in failed or any(
+        item.path.resolve() == path and (rest == part or rest.startswith((part + "[",
+                                                                          part + "::")))
+        for path, part in named)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers
 def pytest_collection_modifyitems(config, items):
     """The exhaustive tier (tests/tiers.py) marked `exhaustive`, and left out unless asked
-    for (`runs_exhaustive`). Under xdist, the longest tests first, so that the last ones to
-    finish are short: the multi-process tests, then the other slow ones, then the fast tier
-    (a stable sort: file order within each)."""
-    _mark_tiers(config, items)
-    if not runs_exhaustive(config):
-        left = [item for item in items if item.get_closest_marker("exhaustive")]
-        if left:
-            config.hook.pytest_deselected(items=left)
-            items[:] = [item for item in items if not item.get_closest_marker("exhaustive")]
-    if hasattr(config, "workerinput"):  # an xdist worker: its order is the one handed out
-        items.sort(key=lambda item: 0 if item.get_closest_marker("multiprocess")
-                   else 1 if item.get_closest_marker("slow") else 2)
-
-
-def _mark_tiers(config, items) -> None:
-    """Mark the tests tests/tiers.py gives the exhaustive tier. A name or variant pattern there
-    that no collected test has, or a function left with no variant in the suite, fails the
-    session (when whole files were collected)."""
+    for; a name there that no test has stops the session (`tiers.problems`). Under xdist,
+    the longest tests first, so that the last ones to finish are short: the multi-process
+    tests, then the other slow ones, then the fast tier (a stable sort: file order within
+    each)."""
+    named = _named(config)
+    cache = getattr(config, "cache", None)
+    failed = (cache.get("cache/lastfailed", {})
+              if cache is not None and config.getoption("lf", False) else {})
     seen: dict[str, set[str | None]] = {}
     for item in items:
         key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
@@ -146,23 +169,52 @@ def _mark_tiers(config, items) -> None:
         seen.setdefault(key, set()).add(variant)
         if tiers.exhaustive(key, variant):
             item.add_marker(pytest.mark.exhaustive)
-    if any("::" in str(arg) for arg in config.args) or config.getoption("lf", False):
-        return  # tests picked by id or by the last failures: the others are not collected
-    files = {key.split("::")[0] for key in seen}
-    for key in [*tiers.EXHAUSTIVE_TESTS, *tiers.EXHAUSTIVE_VARIANTS]:
-        if key.split("::")[0] in files and key not in seen:
-            raise pytest.UsageError(f"tests/tiers.py names {key}, which no test is")
-    for key, patterns in tiers.EXHAUSTIVE_VARIANTS.items():
-        variants = [v for v in seen.get(key, ()) if v is not None]
-        if key not in seen:
-            continue
-        for pattern in patterns:
-            if not any(tiers.matches(v, pattern) for v in variants):
-                raise pytest.UsageError(f"tests/tiers.py gives {key}[{pattern}] to the "
-                                        "exhaustive tier, but it has no such variant")
-        if all(tiers.exhaustive(key, v) for v in variants):
-            raise pytest.UsageError(f"tests/tiers.py leaves no variant of {key} in the suite: "
-                                    "name the function in EXHAUSTIVE_TESTS instead")
+    narrowed = {path.name for path, _ in named}
+    whole = set() if failed else {key.split("::")[0] for key in seen} - narrowed
+    found = tiers.problems(seen, whole)
+    if found and hasattr(config, "workerinput"):  # the controller stops the session
+        (Path(config.workerinput["distlab_tiers_dir"]) / "problem").write_text(found[0])
+    elif found:
+        raise pytest.UsageError(found[0])
+    if not runs_exhaustive(config):
+        left = [item for item in items if item.get_closest_marker("exhaustive")
+                and not _asked_for(item, named, failed)]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            leaving = set(left)
+            items[:] = [item for item in items if item not in leaving]
+        config.stash[_LEFT_OUT] = len(left)
+        if hasattr(config, "workerinput"):
+            (Path(config.workerinput["distlab_tiers_dir"]) / "left").write_text(str(len(left)))
+    if hasattr(config, "workerinput"):  # an xdist worker: its order is the one handed out
+        items.sort(key=lambda item: 0 if item.get_closest_marker("multiprocess")
+                   else 1 if item.get_closest_marker("slow") else 2)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist's controller: a worker's tiers problem (pytest_collection_modifyitems) stops the
+    session in one line, before any test runs."""
+    problem = _tiers_dir(node.config) / "problem"
+    if problem.is_file():
+        raise pytest.UsageError(problem.read_text())
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How many tests of the exhaustive tier this session left out, and how to run them."""
+    left = config.stash.get(_LEFT_OUT, None)
+    if left is None and _TIERS_DIR in config.stash:
+        count = config.stash[_TIERS_DIR] / "left"
+        left = int(count.read_text()) if count.is_file() else None
+    if left:
+        tests = "1 test" if left == 1 else f"{left} tests"
+        terminalreporter.write_line(f"{tests} of the exhaustive tier (tests/tiers.py) left "
+                                    "out: --exhaustive or -m exhaustive runs them")
+
+
+def pytest_unconfigure(config):
+    if _TIERS_DIR in config.stash:
+        shutil.rmtree(config.stash[_TIERS_DIR], ignore_errors=True)
 
 
 def pytest_collection_finish(session):

@@ -90,7 +90,7 @@ def test_bad_values_are_one_line_naming_the_key(overrides, needle):
     # two objective columns)
     (["-m", "objective=val_accuracy,val_loss"], "objective=val_accuracy,val_loss sweeps the "
      "objective, but a sweep ranks its jobs (and a search chooses) by one objective"),
-])
+], ids=["composition", "sweep-override", "validation", "workers-launcher", "swept-objective"])
 def test_bad_values_are_one_line_before_tensorflow(tmp_path, overrides, needle):
     assert needle in _one_line_refusal(tmp_path, *overrides)
 

@@ -235,7 +235,7 @@ def test_feature_mapping_errors(tiny_data_dir):
      "task=regression needs value labels, but dataset mnist's labels are classes"),
     ([*REGRESSION[:4], "task=classification", "strategy=default"],
      "task=classification needs class labels, but dataset tiny_regression's labels are values"),
-])
+], ids=["regression-on-classes", "classification-on-values"])
 def test_a_task_the_labels_do_not_fit_is_refused(run_inprocess, tmp_path, overrides, message):
     out = tmp_path / "mismatch"
     with pytest.raises(SystemExit):

@@ -18,6 +18,10 @@ here that no test has, or a function left with no variant in the suite, fails th
 
 from __future__ import annotations
 
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
 # file::function -> the ids of its variants that are exhaustive (`prefix*`: the ids that
 # start with prefix); its other variants, and any variant added later, are the suite's
 EXHAUSTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -40,7 +44,7 @@ EXHAUSTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
     "test_inputs.py::test_standardize_adapts_each_input_of_any_structure":
         ("raw_breast_cancer-*", "tuple_data-*", "dict_floats-*"),
     "test_config_refusals_and_directions.py::test_bad_values_are_one_line_before_tensorflow":
-        ("overrides0-*", "overrides1-*", "overrides3-*", "overrides4-*"),
+        ("composition", "sweep-override", "workers-launcher", "swept-objective"),
     "test_callbacks.py::test_a_bad_callback_is_one_line_before_training":
         ("_target_=callback_recorder.NotACallback-*", "_target_=callback_recorder.Exits-*",
          "name=odd-*", "_target_=keras.callbacks.BackupAndRestore-*",
@@ -52,7 +56,8 @@ EXHAUSTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
     "test_data_cache.py::test_a_truncated_entry_is_rebuilt_before_use": ("bytes",),
     "test_tasks_and_data.py::test_user_dataset_errors":
         ("float_labels_as_classes-*", "fractional_classes-*", "one_class-*", "infinite-*"),
-    "test_tasks_and_data.py::test_a_task_the_labels_do_not_fit_is_refused": ("overrides1-*",),
+    "test_tasks_and_data.py::test_a_task_the_labels_do_not_fit_is_refused":
+        ("classification-on-values",),
     "test_process_exit.py::test_a_complete_process_ends_after_its_exit_handlers_with_its_output":
         ("process pool", "thread"),
     "test_splits.py::test_holding_out_by_chunks_picks_the_same_rows_as_row_by_row":
@@ -65,7 +70,8 @@ EXHAUSTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
         ("submitit_local-SIGINT", "joblib-SIGINT"),
     "test_sweep_signals.py::test_ctrl_c_of_a_sweep_in_one_process_starts_no_more_jobs":
         ("basic",),
-    # any replica count, short last batches: both loops on 2 replicas with a 2-row test split
+    # any replica count, short last batches: both loops on 1, 2 and 3 replicas, 194 train
+    # rows and a 2-row test split
     "test_replicas.py::test_any_replica_count_trains_and_evaluates_like_one":
         ("400-100-keras_fit", "400-100-custom"),
     "test_multiworker.py::test_two_workers_train_like_one_process_and_only_the_chief_writes":
@@ -94,8 +100,6 @@ EXHAUSTIVE_VARIANTS: dict[str, tuple[str, ...]] = {
     "test_keras_fixes.py::test_standalone_reproduction_fails_without_and_trains_with_the_correction":
         ("keras_20585.py",),
     # kill -9 and SIGTERM: each loop in the suite
-    "test_reliability.py::test_sigkill_then_rerun_resumes_exactly":
-        ("keras_fit-trainer.grad_accum_steps=4",),
     "test_reliability.py::test_sigterm_mid_epoch_checkpoints_then_the_rerun_matches_the_uninterrupted_run":
         ("custom-fast", "keras_fit-slow"),
     "test_reliability.py::test_a_signal_after_training_ends_the_stage_and_the_rerun_completes_it":
@@ -215,6 +219,32 @@ EXHAUSTIVE_TESTS: frozenset[str] = frozenset({
     "test_missing_values.py::test_class_labels_outside_the_classes_are_named_with_their_split",
     "test_data_cache.py::test_a_corrupt_entry_is_found_before_use_and_rebuilt",
 })
+
+
+def problems(seen: dict[str, set[str | None]], whole: set[str]) -> list[str]:
+    """What is wrong with the names above, given the collected tests (`seen`: file::function
+    -> its variant ids, None for an unparametrized test) and the files collected whole
+    (`whole`, file names: not narrowed to some tests by id or by --lf)."""
+    found = []
+    for key in [*EXHAUSTIVE_TESTS, *EXHAUSTIVE_VARIANTS]:
+        file = key.split("::")[0]
+        if not (HERE / file).is_file():
+            found.append(f"tests/tiers.py names {key}, but there is no tests/{file}: fix or "
+                         "remove the name")
+        elif file in whole and key not in seen:
+            found.append(f"tests/tiers.py names {key}, which no test is: fix or remove the "
+                         "name")
+    for key, patterns in EXHAUSTIVE_VARIANTS.items():
+        if key not in seen or key.split("::")[0] not in whole:
+            continue
+        variants = [v for v in seen[key] if v is not None]
+        found += [f"tests/tiers.py gives {key}[{pattern}] to the exhaustive tier, but it has "
+                  "no such variant: fix or remove the pattern" for pattern in patterns
+                  if not any(matches(v, pattern) for v in variants)]
+        if all(exhaustive(key, v) for v in variants):
+            found.append(f"tests/tiers.py leaves no variant of {key} in the suite: name the "
+                         "function in EXHAUSTIVE_TESTS instead")
+    return found
 
 
 def exhaustive(key: str, variant: str | None) -> bool:

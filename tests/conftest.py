@@ -151,6 +151,15 @@ def _asked_for(item, named: list[tuple[Path, str]], failed: dict) -> bool:
         for path, part in named)
 
 
+def _narrowed(config, named: list[tuple[Path, str]]) -> set[str]:
+    """The files (names) of which the command line asks for some tests by id, and that no
+    other argument (the file, a folder above it) gives whole."""
+    given = [(config.invocation_params.dir / str(arg)).resolve() for arg in config.args
+             if "::" not in str(arg)]
+    return {path.name for path, _ in named
+            if not any(path == g or g in path.parents for g in given)}
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers
 def pytest_collection_modifyitems(config, items):
     """The exhaustive tier (tests/tiers.py) marked `exhaustive`, and left out unless asked
@@ -169,12 +178,12 @@ def pytest_collection_modifyitems(config, items):
         seen.setdefault(key, set()).add(variant)
         if tiers.exhaustive(key, variant):
             item.add_marker(pytest.mark.exhaustive)
-    narrowed = {path.name for path, _ in named}
-    whole = set() if failed else {key.split("::")[0] for key in seen} - narrowed
+    whole = set() if failed else {key.split("::")[0] for key in seen} - _narrowed(config, named)
     found = tiers.problems(seen, whole)
     if found and hasattr(config, "workerinput"):  # the controller stops the session
         (Path(config.workerinput["distlab_tiers_dir"]) / "problem").write_text(found[0])
-    elif found:
+        return
+    if found:
         raise pytest.UsageError(found[0])
     if not runs_exhaustive(config):
         left = [item for item in items if item.get_closest_marker("exhaustive")
@@ -201,15 +210,17 @@ def pytest_xdist_node_collection_finished(node, ids):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """How many tests of the exhaustive tier this session left out, and how to run them."""
+    """How many tests of the exhaustive tier the files collected hold that this session left
+    out (before `-m` and `-k` chose among them), and how to run them."""
     left = config.stash.get(_LEFT_OUT, None)
     if left is None and _TIERS_DIR in config.stash:
         count = config.stash[_TIERS_DIR] / "left"
         left = int(count.read_text()) if count.is_file() else None
     if left:
         tests = "1 test" if left == 1 else f"{left} tests"
-        terminalreporter.write_line(f"{tests} of the exhaustive tier (tests/tiers.py) left "
-                                    "out: --exhaustive or -m exhaustive runs them")
+        terminalreporter.write_line(f"the exhaustive tier (tests/tiers.py) left out: {tests} "
+                                    "in the files collected; --exhaustive or -m exhaustive "
+                                    "runs them")
 
 
 def pytest_unconfigure(config):

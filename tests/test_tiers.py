@@ -91,6 +91,20 @@ def test_a_test_asked_for_by_id_or_failed_last_time_is_asked_for():
     assert not conftest._asked_for(item, [], {})
 
 
+def test_a_file_given_whole_besides_an_id_of_it_is_not_narrowed():
+    def narrowed(*args: str) -> set[str]:
+        config = SimpleNamespace(args=list(args),
+                                 invocation_params=SimpleNamespace(dir=TESTS.parent))
+        return conftest._narrowed(config, conftest._named(config))
+
+    one = "tests/test_lockstep.py::test_children_run_their_epochs_in_turns_rotated_each_epoch"
+    assert narrowed(one) == {"test_lockstep.py"}
+    assert narrowed(one, "tests/test_data.py") == {"test_lockstep.py"}
+    assert narrowed(one, "tests/test_lockstep.py") == set()
+    assert narrowed(one, "tests") == set()
+    assert narrowed("tests/test_data.py") == set()
+
+
 @pytest.mark.parametrize("exhaustive, markexpr, runs", [
     (False, "", False), (False, "not slow", False), (True, "slow", True),
     (False, "exhaustive", True), (False, "slow and not exhaustive", True)],
@@ -133,5 +147,6 @@ def test_a_session_under_xdist_stops_in_one_line_on_a_wrong_name_and_says_what_i
     fine = pytest_run("tests/test_lockstep.py", f"tests/{asked}", "-m", "not slow")
     assert fine.returncode == 0, fine.stdout + fine.stderr
     assert re.search(r"\b6 passed\b", fine.stdout), fine.stdout  # 5 of lockstep's, the help
-    assert ("1 test of the exhaustive tier (tests/tiers.py) left out: --exhaustive or -m "
-            "exhaustive runs them") in fine.stdout, fine.stdout
+    assert ("the exhaustive tier (tests/tiers.py) left out: 1 test in the files collected; "
+            "--exhaustive or -m exhaustive runs them") in fine.stdout, fine.stdout
+    assert "left out" not in wrong.stdout + wrong.stderr  # a session stopped runs nothing
